@@ -1,0 +1,530 @@
+"""Pure parser: one llama-server log line in, one typed event out.
+
+No I/O, no clock, no metrics. Formats handled: the default text lines
+(``M.SS.mmm.uuu L tag func: msg``), lines with prefix or timestamps switched off,
+ANSI colours, the router's ``[ 8081] `` prefix and ``--log-jsonl`` records.
+
+Privacy: no event carries free text from the server. Every field is a number,
+a flag or a fixed word, so prompt text that a DEBUG line may carry cannot
+travel further than this module.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Union
+
+# ---------------------------------------------------------------- events
+# Each event is a small frozen dataclass. ``ts_us`` (on the envelope) is the
+# server's own relative timestamp in microseconds, or None when timestamps are off.
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStarting:
+    """``llama_server: initializing ...``: a new process, so a new epoch."""
+
+
+@dataclass(frozen=True, slots=True)
+class Verbosity:
+    level: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotsInitialized:
+    n_slots: int
+    n_ctx_slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEnabled:
+    limit_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationIdSeen:
+    """``conv_id=...``: counted only; the id itself is not carried (issue 4 pseudonymises it)."""
+
+    empty: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SlotSelected:
+    slot: int
+    method: str  # "id" | "lcp" | "lru"
+    f_keep: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUpdateStarted:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSaved:
+    n_tokens: int
+    size_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSaveSkipped:
+    reason: str  # "already_cached" | "too_big"
+
+
+@dataclass(frozen=True, slots=True)
+class ObsoleteEntryRemoved:
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    base_f_keep: float
+    base_f_sim: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCandidate:
+    n_tokens: int
+    lcp: int
+    f_keep: str  # kept as printed: the winner is found by comparing the printed values
+    f_sim: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRestored:
+    f_keep: str
+    f_sim: str
+
+
+@dataclass(frozen=True, slots=True)
+class CacheState:
+    n_prompts: int
+    size_mib: float
+    limit_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntryListed:
+    entry_id: str  # the entry's address as printed, e.g. 0x5593369e7000
+    n_tokens: int
+    size_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheUpdateTook:
+    ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEvicted:
+    size_mib: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRestoreFailed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class LoraCacheCleared:
+    slot: int
+    n_from: int
+    n_to: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLaunched:
+    slot: int
+    task: int
+    is_child: bool
+
+
+@dataclass(frozen=True, slots=True)
+class IdleSlotSaving:
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPromptCleared:
+    slot: int
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewPrompt:
+    slot: int
+    task: int
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class CachedTokens:
+    slot: int
+    task: int
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FullReprocessForced:
+    slot: int
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillFinished:
+    """TRACE ``init sampler``: the prompt is fully in the slot, sampling starts."""
+
+    slot: int
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    slot: int
+    task: int
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptTiming:
+    slot: int
+    task: int
+    ms: float
+    n_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvalTiming:
+    slot: int
+    task: int
+    ms: float
+    n_tokens: int
+    ms_per_token: float
+
+
+@dataclass(frozen=True, slots=True)
+class TaskReleased:
+    slot: int
+    task: int
+    n_tokens: int
+    truncated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TaskCancelled:
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailed:
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
+class DebugLine:
+    """A ``D`` line: llama-server runs at -lv 5 and logs prompt text. Content dropped here."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ignored:
+    """A line we know and do not need (model loading, sampler settings, continuation lines...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Unrecognized:
+    """A line shaped like a server line whose message we do not know: a new build's log."""
+
+
+Event = Union[
+    ServerStarting, Verbosity, SlotsInitialized, CacheEnabled, ConversationIdSeen, SlotSelected,
+    CacheUpdateStarted, PromptSaved, PromptSaveSkipped, ObsoleteEntryRemoved, CacheLookup,
+    CacheCandidate, CacheRestored, CacheState, CacheEntryListed, CacheUpdateTook, CacheEvicted,
+    CacheRestoreFailed, LoraCacheCleared, TaskLaunched, IdleSlotSaving, SlotPromptCleared,
+    NewPrompt, CachedTokens, FullReprocessForced, PrefillFinished, PrefillProgress, PromptTiming,
+    EvalTiming, TaskReleased, TaskCancelled, TaskFailed, DebugLine, Ignored, Unrecognized,
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedLine:
+    ts_us: int | None
+    event: Event
+
+
+IGNORED = Ignored()
+UNRECOGNIZED = Unrecognized()
+DEBUG = DebugLine()
+
+# ---------------------------------------------------------------- envelope
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ROUTER = re.compile(r"^\[ *\d+\] ")
+# timestamp + level letter, both optional (--no-log-timestamps / --no-log-prefix)
+_PREFIX = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
+# tag, function column (12 chars, right aligned) and, for slot lines, the ids
+_TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \| task (-?\d+) \| )?")
+
+_FLOAT = r"(-?\d+(?:\.\d+)?)"
+
+_RE_SELECTED_LCP = re.compile(r"selected slot by LCP similarity, f_sim_best = [\d.]+ \(> [\d.]+ thold\), f_keep = " + _FLOAT)
+_RE_NEW_PROMPT = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (\d+)")
+_RE_CACHED = re.compile(r"cached n_tokens = (\d+),")
+_RE_PROMPT_TIMING = re.compile(r"prompt eval time = +" + _FLOAT + r" ms / +(\d+) tokens")
+_RE_EVAL_TIMING = re.compile(r"eval time = +" + _FLOAT + r" ms / +(\d+) tokens \( +" + _FLOAT + " ms per token")
+_RE_RELEASE = re.compile(r"stop processing: n_tokens = (\d+), truncated = (\d)")
+_RE_PROCESSING = re.compile(r"processing task, is_child = (\d)")
+_RE_LORA_CLEAR = re.compile(r"clearing cache for lora change\. (\d+) loras -> (\d+) loras")
+_RE_CLEAR_PROMPT = re.compile(r"clearing prompt with (\d+) tokens")
+_RE_PROGRESS = re.compile(r"prompt processing, n_tokens = +(\d+)")
+_RE_SAVE = re.compile(r" - saving prompt with length (\d+), total state size = " + _FLOAT + " MiB")
+_RE_LOOKUP = re.compile(r" - looking for better prompt, base f_keep = " + _FLOAT + ", f_sim = " + _FLOAT)
+_RE_CANDIDATE = re.compile(r"   - prompt with length +(\d+), lcp = +(-?\d+), f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
+_RE_FOUND = re.compile(r" - found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
+_RE_STATE = re.compile(r" - cache state: (\d+) prompts, " + _FLOAT + r" MiB \(limits: " + _FLOAT + " MiB")
+_RE_ENTRY = re.compile(r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +\d+, +" + _FLOAT + " MiB")
+_RE_TOOK = re.compile(r"prompt cache update took " + _FLOAT + " ms")
+_RE_EVICT = re.compile(r"removing oldest entry \(size = " + _FLOAT + " MiB\)")
+_RE_OBSOLETE = re.compile(r" - removing obsolete cached prompt with length (\d+)")
+_RE_VERBOSITY = re.compile(r"verbosity = (\d+)")
+_RE_SLOTS_INIT = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
+_RE_CACHE_LIMIT = re.compile(r"prompt cache is enabled, size limit: (-?\d+) MiB")
+_RE_CANCEL = re.compile(r"cancel task, id_task = (\d+)")
+_RE_SEND_ERROR = re.compile(r"task id = (\d+), error: ")
+
+# slot-line messages that are known and carry nothing we need
+_SLOT_IGNORED_PREFIXES = (
+    " - skipping", " - checking sim", "sampler chain", "sampler params", "created context checkpoint",
+    "checking checkpoint", "restored context checkpoint", "erased invalidated context checkpoint",
+    "erasing old context checkpoint", "erasing context checkpoint", "superseding context checkpoint",
+    "graphs reused", "total time", "n_gen =", "draft acceptance", "acc per pos", "new slot",
+    "n_past was set", "keeping cache for alora", "reusing chunk", "slot context shift",
+    "accepted ", "empty prompt", "cache reuse is not supported", "need to evaluate at least 1 token",
+    "got exception", "failed to load prompt from cache",
+)
+
+
+def _slot_event(func: str, slot: int, task: int, msg: str) -> Event:
+    c = msg[:1]
+    if c == "c":
+        if msg.startswith("cached n_tokens"):
+            m = _RE_CACHED.match(msg)
+            if m:
+                return CachedTokens(slot, task, int(m.group(1)))
+        elif msg.startswith("clearing cache for lora change"):
+            m = _RE_LORA_CLEAR.match(msg)
+            if m:
+                return LoraCacheCleared(slot, int(m.group(1)), int(m.group(2)))
+        elif msg.startswith("clearing prompt with"):
+            m = _RE_CLEAR_PROMPT.match(msg)
+            if m:
+                return SlotPromptCleared(slot, int(m.group(1)))
+    elif c == "p":
+        if msg.startswith("prompt eval time"):
+            m = _RE_PROMPT_TIMING.match(msg)
+            if m:
+                return PromptTiming(slot, task, float(m.group(1)), int(m.group(2)))
+        elif msg.startswith("processing task"):
+            m = _RE_PROCESSING.match(msg)
+            if m:
+                return TaskLaunched(slot, task, m.group(1) == "1")
+        elif msg.startswith("prompt processing"):
+            m = _RE_PROGRESS.match(msg)
+            if m:
+                return PrefillProgress(slot, task, int(m.group(1)))
+    elif c == " ":
+        s = msg.lstrip(" ")
+        if s.startswith("eval time"):
+            m = _RE_EVAL_TIMING.match(s)
+            if m:
+                return EvalTiming(slot, task, float(m.group(1)), int(m.group(2)), float(m.group(3)))
+        if s.startswith(("total time", "graphs reused", "- skipping", "- checking sim", "acc per pos")):
+            return IGNORED
+    elif c == "s":
+        if msg.startswith("stop processing"):
+            m = _RE_RELEASE.match(msg)
+            if m:
+                return TaskReleased(slot, task, int(m.group(1)), m.group(2) == "1")
+        elif msg.startswith("selected slot by LRU"):
+            return SlotSelected(slot, "lru")
+        elif msg.startswith("selected slot by LCP"):
+            m = _RE_SELECTED_LCP.match(msg)
+            if m:
+                return SlotSelected(slot, "lcp", float(m.group(1)))
+        elif msg.startswith("selected slot by id"):
+            return SlotSelected(slot, "id")
+        elif msg.startswith("saving idle slot to prompt cache"):
+            return IdleSlotSaving(slot)
+    elif c == "n":
+        if msg.startswith("new prompt"):
+            m = _RE_NEW_PROMPT.match(msg)
+            if m:
+                return NewPrompt(slot, task, int(m.group(1)))
+    elif c == "i":
+        if msg.startswith("init sampler"):
+            return PrefillFinished(slot, task)
+    elif c == "f":
+        if msg.startswith("forcing full prompt re-processing"):
+            return FullReprocessForced(slot, task)
+    if msg.startswith(_SLOT_IGNORED_PREFIXES):
+        return IGNORED
+    return UNRECOGNIZED
+
+
+def _srv_event(func: str, msg: str) -> Event:
+    # The prompt-cache narrative carries no ids; the assembler attaches it to the
+    # slot whose selection (or idle save) started it.
+    if msg.startswith(" - ") or msg.startswith("   - "):
+        if msg.startswith("   - prompt with length"):
+            m = _RE_CANDIDATE.match(msg)
+            if m:
+                return CacheCandidate(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4))
+        elif msg.startswith("   - prompt "):
+            m = _RE_ENTRY.match(msg)
+            if m:
+                return CacheEntryListed(m.group(1), int(m.group(2)), float(m.group(3)))
+        elif msg.startswith(" - cache state"):
+            m = _RE_STATE.match(msg)
+            if m:
+                return CacheState(int(m.group(1)), float(m.group(2)), float(m.group(3)))
+        elif msg.startswith(" - saving prompt"):
+            m = _RE_SAVE.match(msg)
+            if m:
+                return PromptSaved(int(m.group(1)), float(m.group(2)))
+        elif msg.startswith(" - looking for better prompt"):
+            m = _RE_LOOKUP.match(msg)
+            if m:
+                return CacheLookup(float(m.group(1)), float(m.group(2)))
+        elif msg.startswith(" - found better prompt"):
+            m = _RE_FOUND.match(msg)
+            if m:
+                return CacheRestored(m.group(1), m.group(2))
+        elif "removing oldest entry" in msg:
+            m = _RE_EVICT.search(msg)
+            if m:
+                return CacheEvicted(float(m.group(1)))
+        elif msg.startswith(" - prompt is already in the cache"):
+            return PromptSaveSkipped("already_cached")
+        elif msg.startswith(" - prompt state size"):
+            return PromptSaveSkipped("too_big")
+        elif msg.startswith(" - removing obsolete cached prompt"):
+            m = _RE_OBSOLETE.match(msg)
+            if m:
+                return ObsoleteEntryRemoved(int(m.group(1)))
+        elif msg.startswith(" - cache size limit reduced"):
+            return IGNORED
+        return UNRECOGNIZED
+    if msg.startswith("updating prompt cache"):
+        return CacheUpdateStarted()
+    if msg.startswith("prompt cache update took"):
+        m = _RE_TOOK.match(msg)
+        if m:
+            return CacheUpdateTook(float(m.group(1)))
+    if msg.startswith("conv_id="):
+        return ConversationIdSeen(msg.startswith("conv_id= "))
+    if msg.startswith("initializing ..."):
+        return ServerStarting()
+    if msg.startswith("initializing, n_slots"):
+        m = _RE_SLOTS_INIT.match(msg)
+        if m:
+            return SlotsInitialized(int(m.group(1)), int(m.group(2)))
+    if msg.startswith("prompt cache is enabled"):
+        m = _RE_CACHE_LIMIT.match(msg)
+        if m:
+            return CacheEnabled(float(m.group(1)))
+    if msg.startswith("cancel task"):
+        m = _RE_CANCEL.match(msg)
+        if m:
+            return TaskCancelled(int(m.group(1)))
+    if msg.startswith("task id = "):
+        m = _RE_SEND_ERROR.match(msg)
+        if m:
+            return TaskFailed(int(m.group(1)))
+    if msg.startswith("failed to restore state"):
+        return CacheRestoreFailed()
+    return IGNORED
+
+
+def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine:
+    """Classify one line whose timestamp/level prefix has been removed."""
+    if level == "D":
+        return ParsedLine(ts_us, DEBUG)
+    m = _TAGGED.match(text)
+    if m is None:
+        if text.startswith("cmn  ") or "verbosity = " in text[:80]:
+            v = _RE_VERBOSITY.search(text)
+            if v and "common_params_print_info" in text:
+                return ParsedLine(ts_us, Verbosity(int(v.group(1))))
+        return ParsedLine(ts_us, IGNORED)
+    tag = m.group(1)
+    msg = text[m.end():]
+    if tag == "slot":
+        if m.group(3) is None:
+            return ParsedLine(ts_us, UNRECOGNIZED)
+        return ParsedLine(ts_us, _slot_event(m.group(2), int(m.group(3)), int(m.group(4)), msg))
+    if tag == "srv ":
+        return ParsedLine(ts_us, _srv_event(m.group(2), msg))
+    if tag == "cmn ":
+        if "verbosity = " in msg:
+            v = _RE_VERBOSITY.search(msg)
+            if v:
+                return ParsedLine(ts_us, Verbosity(int(v.group(1))))
+    return ParsedLine(ts_us, IGNORED)
+
+
+_JSONL_LEVELS = {"info": "I", "warn": "W", "error": "E", "debug": "D", "cont": None, "none": None}
+
+
+def parse_line(line: str) -> ParsedLine:
+    """Parse one raw line (newline already stripped). Never raises."""
+    try:
+        return _parse_line(line)
+    except Exception:  # a parser bug must cost one line, never the exporter
+        return ParsedLine(None, UNRECOGNIZED)
+
+
+def _parse_line(line: str) -> ParsedLine:
+    if "\x1b" in line:
+        line = _ANSI.sub("", line)
+    if line.startswith("["):
+        m = _ROUTER.match(line)
+        if m:
+            line = line[m.end():]
+    if line.startswith("{"):
+        return _parse_jsonl(line)
+    m = _PREFIX.match(line)
+    if m is None:
+        # No prefix: --no-log-prefix, or a continuation line of a multi-line message.
+        if line.startswith(("\t", " ")) or not line:
+            return ParsedLine(None, IGNORED)
+        return parse_message(line, None, None)
+    ts = None
+    if m.group(1) is not None:
+        ts = (
+            int(m.group(1)) * 60_000_000
+            + int(m.group(2)) * 1_000_000
+            + int(m.group(3)) * 1_000
+            + int(m.group(4))
+        )
+    return parse_message(line[m.end():], ts, m.group(5))
+
+
+def _parse_jsonl(line: str) -> ParsedLine:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return ParsedLine(None, UNRECOGNIZED)
+    if not isinstance(obj, dict):
+        return ParsedLine(None, UNRECOGNIZED)
+    if obj.get("type") != "log":
+        return ParsedLine(None, IGNORED)  # e.g. fit_memory_breakdown records
+    msg = obj.get("msg")
+    if not isinstance(msg, str):
+        return ParsedLine(None, UNRECOGNIZED)
+    t = obj.get("time")
+    ts = t if isinstance(t, int) and t > 0 else None
+    level = _JSONL_LEVELS.get(obj.get("level", ""), None)
+    nl = msg.find("\n")
+    if nl >= 0:
+        msg = msg[:nl]
+    return parse_message(msg, ts, level)
