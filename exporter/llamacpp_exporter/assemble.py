@@ -1,0 +1,632 @@
+"""Assembler: typed log events and /slots snapshots in, one record per request out.
+
+Pure state machine: no I/O, no clock, no threads. The pipeline feeds it in log order
+(snapshots are interleaved in the order they were taken), so replaying a recorded log
+gives the same records as the live run.
+
+State is bounded: per slot, the running task and a few recent prefill intervals; the
+RAM-cache entries the server itself holds; a capped map of task -> LoRA request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from . import parse as p
+from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
+
+log = logging.getLogger(__name__)
+
+MAX_TASK_LORA = 4096
+MAX_PENDING = 256
+MAX_PREFILL_HISTORY = 32
+EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblySettings:
+    min_prompt_tokens: int = 1024
+    hit_ratio: float = 0.9
+    miss_ratio: float = 0.1
+    contention_fraction: float = 0.1
+    small_task_tokens: int = 256
+    big_conversation_tokens: int = 1024
+    # how long (server log time) a finished record may wait for /slots or for another
+    # slot's prefill to end before it is emitted with what is known
+    max_wait_us: int = 600_000_000
+
+
+class Sink(Protocol):
+    def request(self, record: RequestRecord) -> None: ...
+    def cache_state(self, entries: int, size_bytes: float, limit_bytes: float) -> None: ...
+    def cache_saved(self) -> None: ...
+    def cache_evicted(self, size_bytes: float) -> None: ...
+    def cache_update_duration(self, seconds: float) -> None: ...
+    def prefill_in_progress(self, slot: int, tokens: int) -> None: ...
+    def server_restart(self) -> None: ...
+    def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
+    def debug_logging_seen(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Selection:
+    slot: int
+    method: str
+    slot_tokens_before: int | None
+    ram_consulted: bool = False
+    candidates: list[p.CacheCandidate] | None = None
+    best_f_sim: float | None = None
+    restored_tokens: int | None = None
+    restored_source: tuple[int, int] | None = None  # (epoch, task) that computed the entry
+    restored_known: bool = False
+    lora_cleared: bool = False
+
+
+@dataclass(slots=True)
+class _Entry:
+    entry_id: str
+    n_tokens: int
+    source: tuple[int, int] | None
+
+
+@dataclass(slots=True)
+class _Slot:
+    tokens: int | None = None  # tokens the slot holds, as far as the log tells
+    last_task: int | None = None
+    selection: _Selection | None = None
+    record: RequestRecord | None = None
+    # recent prefill intervals [start, end) in server microseconds; end None = running
+    prefills: list[list[int | None]] | None = None
+
+
+class Assembler:
+    def __init__(
+        self,
+        sink: Sink,
+        settings: AssemblySettings | None = None,
+        *,
+        slots_polled: bool = False,
+        request_poll: Callable[[], None] | None = None,
+    ) -> None:
+        self.sink = sink
+        self.settings = settings or AssemblySettings()
+        self.slots_polled = slots_polled
+        self.request_poll = request_poll
+        self.epoch = 0
+        self.verbosity: int | None = None
+        self._diag: bool | None = None
+        self._debug_warned = False
+        self._global_lora: tuple[tuple[int, float], ...] | None = None
+        self._task_lora: OrderedDict[tuple[int, int], tuple[tuple[int, float], ...]] = OrderedDict()
+        self._snapshot_seq = 0
+        self._reset_epoch_state()
+
+    # ------------------------------------------------------------ epoch
+    def _reset_epoch_state(self) -> None:
+        self._slots: dict[int, _Slot] = {}
+        self._pending: list[RequestRecord] = []
+        self._entries: list[_Entry] = []
+        self._listing: list[_Entry] | None = None
+        self._listing_expected = 0
+        self._saves: list[_Entry] = []  # saved, not yet seen in a listing
+        self._pending_save: _Entry | None = None
+        self._cache_ctx: _Selection | None = None  # selection the srv cache lines belong to
+        self._cache_ctx_source: tuple[int, int] | None = None  # content being saved
+        self._last_ts: int | None = None
+        self._now = 0
+        self._epoch_lines = 0
+
+    def _new_epoch(self) -> None:
+        self._finalize_all()
+        now = self._now
+        self._reset_epoch_state()
+        self._now = now
+        self.epoch += 1
+        self.sink.server_restart()
+
+    def flush(self) -> None:
+        """End of input (replay) or shutdown: emit every record still waiting."""
+        self._close_listing()
+        self._finalize_all()
+
+    # ------------------------------------------------------------ inputs
+    def feed(self, line: p.ParsedLine, now_us: int) -> None:
+        ev = line.event
+        ts = line.ts_us
+        if ts is not None:
+            if self._last_ts is not None and ts < self._last_ts - EPOCH_BACKWARDS_US:
+                self._new_epoch()
+            self._last_ts = ts
+            self._now = ts
+        else:
+            self._now = max(self._now, now_us)
+        if self._listing is not None and not isinstance(ev, p.CacheEntryListed):
+            self._close_listing()
+        if self._pending_save is not None and not isinstance(ev, p.PromptSaveSkipped):
+            self._commit_save()
+        handler = _HANDLERS.get(type(ev))
+        if handler is not None:
+            handler(self, ev)
+        self._epoch_lines += 1
+        if self._pending:
+            self._try_finalize()
+
+    def feed_snapshot(self, snap: SlotsSnapshot) -> None:
+        self._snapshot_seq += 1
+        for s in snap.slots:
+            if s.id_task is None:
+                continue
+            key = (self.epoch, s.id_task)
+            if s.lora is not None:
+                self._task_lora[key] = s.lora
+                self._task_lora.move_to_end(key)
+                if len(self._task_lora) > MAX_TASK_LORA:
+                    self._task_lora.popitem(last=False)
+            slot = self._slots.get(s.id)
+            rec = slot.record if slot else None
+            if rec is None or rec.task != s.id_task:
+                continue
+            if s.lora is not None:
+                rec._lora_request = s.lora
+            # n_prompt_tokens_cache is set when the prompt starts; trust it once the
+            # slot has processed prompt tokens or decoded, else it may still be stale.
+            if (
+                s.is_processing
+                and rec.reuse_source is None
+                and s.n_prompt_tokens_cache is not None
+                and ((s.n_prompt_tokens_processed or 0) > 0 or (s.n_decoded or 0) > 0)
+            ):
+                rec.reused_tokens = s.n_prompt_tokens_cache
+                rec.reuse_source = "slots"
+        if self._pending:
+            self._try_finalize()
+
+    def feed_adapters(self, adapters: LoraAdapters) -> None:
+        self._global_lora = adapters.scales
+
+    # ------------------------------------------------------------ helpers
+    def _slot(self, sid: int) -> _Slot:
+        s = self._slots.get(sid)
+        if s is None:
+            s = self._slots[sid] = _Slot(prefills=[])
+        return s
+
+    def _set_diag(self, available: bool) -> None:
+        if self._diag != available:
+            self._diag = available
+            self.sink.diagnostics(available, self.verbosity)
+
+    def lora_config(self, request: tuple[tuple[int, float], ...] | None) -> str | None:
+        """Effective adapter configuration, as llama-server compares it (are_lora_equal).
+
+        A non-empty request list replaces the global scales (unlisted adapters get 0);
+        an empty one leaves the global list in force.
+        """
+        if request is None:
+            return None
+        scales: dict[int, float]
+        if request:
+            scales = {i: s for i, s in request}
+        elif self._global_lora is not None:
+            scales = dict(self._global_lora)
+        else:
+            return "global"
+        active = [f"{i}:{s:g}" for i, s in sorted(scales.items()) if s != 0.0]
+        return ",".join(active) if active else "none"
+
+    # ------------------------------------------------------------ cache listing
+    def _close_listing(self) -> None:
+        listing = self._listing
+        if listing is None:
+            return
+        self._listing = None
+        old = {(e.entry_id, e.n_tokens): e for e in self._entries}
+        new_entries: list[_Entry] = []
+        current: set[tuple[str, int]] = set()
+        for e in listing:
+            key = (e.entry_id, e.n_tokens)
+            current.add(key)
+            known = old.get(key)
+            if known is not None:
+                new_entries.append(known)
+                continue
+            # a new entry: match it to a save of the same length (oldest first)
+            source = None
+            for i, s in enumerate(self._saves):
+                if s.n_tokens == e.n_tokens:
+                    source = s.source
+                    del self._saves[i]
+                    break
+            new_entries.append(_Entry(e.entry_id, e.n_tokens, source))
+        removed = [e for k, e in old.items() if k not in current]
+        sel = self._cache_ctx
+        if sel is not None and sel.restored_tokens is not None and not sel.restored_known:
+            for e in removed:
+                if e.n_tokens == sel.restored_tokens:
+                    sel.restored_source = e.source
+                    sel.restored_known = True
+                    break
+        self._entries = new_entries
+        self._saves.clear()
+
+    def _commit_save(self) -> None:
+        save = self._pending_save
+        self._pending_save = None
+        if save is None:
+            return
+        self._saves.append(save)
+        self.sink.cache_saved()
+
+    # ------------------------------------------------------------ event handlers
+    def _on_server_starting(self, ev: p.ServerStarting) -> None:
+        # With timestamps on, the jump back to ~0 already started the new epoch and this
+        # epoch has no lines yet; with timestamps off this line is the only marker.
+        if self._epoch_lines:
+            self._new_epoch()
+
+    def _on_verbosity(self, ev: p.Verbosity) -> None:
+        self.verbosity = ev.level
+        self._set_diag(ev.level >= 4)
+
+    def _on_debug(self, ev: p.DebugLine) -> None:
+        if not self._debug_warned:
+            self._debug_warned = True
+            self.sink.debug_logging_seen()
+
+    def _on_slot_selected(self, ev: p.SlotSelected) -> None:
+        s = self._slot(ev.slot)
+        sel = _Selection(ev.slot, ev.method, s.tokens)
+        s.selection = sel
+        self._cache_ctx = sel
+        self._cache_ctx_source = (self.epoch, s.last_task) if s.last_task is not None else None
+
+    def _on_idle_slot_saving(self, ev: p.IdleSlotSaving) -> None:
+        s = self._slot(ev.slot)
+        self._cache_ctx = None
+        self._cache_ctx_source = (self.epoch, s.last_task) if s.last_task is not None else None
+
+    def _on_cache_update_started(self, ev: p.CacheUpdateStarted) -> None:
+        if self._cache_ctx is not None:
+            self._cache_ctx.ram_consulted = True
+            self._cache_ctx.candidates = []
+        self._set_diag(True)
+
+    def _on_prompt_saved(self, ev: p.PromptSaved) -> None:
+        self._pending_save = _Entry("", ev.n_tokens, self._cache_ctx_source)
+        sel = self._cache_ctx
+        if sel is not None and sel.slot_tokens_before is None:
+            sel.slot_tokens_before = ev.n_tokens
+
+    def _on_prompt_save_skipped(self, ev: p.PromptSaveSkipped) -> None:
+        self._pending_save = None
+
+    def _on_candidate(self, ev: p.CacheCandidate) -> None:
+        sel = self._cache_ctx
+        if sel is None:
+            return
+        if sel.candidates is None:
+            sel.candidates = []
+        sel.candidates.append(ev)
+        f = float(ev.f_sim)
+        if sel.best_f_sim is None or f > sel.best_f_sim:
+            sel.best_f_sim = f
+
+    def _on_restored(self, ev: p.CacheRestored) -> None:
+        sel = self._cache_ctx
+        if sel is None:
+            return
+        winner = None
+        for c in sel.candidates or ():
+            if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim:
+                winner = c
+        sel.restored_tokens = winner.n_tokens if winner else -1
+
+    def _on_cache_state(self, ev: p.CacheState) -> None:
+        self.sink.cache_state(ev.n_prompts, ev.size_mib * 1048576.0, ev.limit_mib * 1048576.0)
+        self._listing = []
+        self._listing_expected = ev.n_prompts
+        if ev.n_prompts == 0:
+            self._close_listing()
+
+    def _on_cache_entry(self, ev: p.CacheEntryListed) -> None:
+        if self._listing is not None:
+            self._listing.append(_Entry(ev.entry_id, ev.n_tokens, None))
+
+    def _on_cache_update_took(self, ev: p.CacheUpdateTook) -> None:
+        self.sink.cache_update_duration(ev.ms / 1000.0)
+
+    def _on_cache_evicted(self, ev: p.CacheEvicted) -> None:
+        self.sink.cache_evicted(ev.size_mib * 1048576.0)
+
+    def _on_lora_cleared(self, ev: p.LoraCacheCleared) -> None:
+        s = self._slot(ev.slot)
+        if s.selection is not None:
+            s.selection.lora_cleared = True
+        s.tokens = 0
+
+    def _on_slot_prompt_cleared(self, ev: p.SlotPromptCleared) -> None:
+        self._slot(ev.slot).tokens = 0
+
+    def _on_task_launched(self, ev: p.TaskLaunched) -> None:
+        s = self._slot(ev.slot)
+        if s.record is not None and s.record.task != ev.task:
+            # the previous task never printed its release (we joined mid-stream): emit it
+            self._release(s, s.record, cancelled=True)
+        sel = s.selection
+        s.selection = None
+        if self._cache_ctx is sel:
+            self._cache_ctx = None
+        rec = RequestRecord(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self._now)
+        rec._prefill_start_us = self._now
+        if sel is not None:
+            rec.path = selection_path(sel.method)
+            rec.slot_tokens_before = sel.slot_tokens_before
+            rec.ram_consulted = sel.ram_consulted
+            rec.ram_candidates = len(sel.candidates or ())
+            rec.ram_best_f_sim = sel.best_f_sim
+            rec.lora_cache_cleared = sel.lora_cleared
+            if sel.restored_tokens is not None:
+                rec.ram_restored = True
+                rec.restored_tokens = sel.restored_tokens if sel.restored_tokens >= 0 else None
+                rec._entry_source = sel.restored_source
+        s.record = rec
+        s.last_task = ev.task
+        assert s.prefills is not None
+        s.prefills.append([self._now, None])
+        if len(s.prefills) > MAX_PREFILL_HISTORY:
+            del s.prefills[0]
+        if self.request_poll is not None:
+            self.request_poll()
+
+    def _record(self, slot: int, task: int) -> RequestRecord | None:
+        s = self._slots.get(slot)
+        if s is None or s.record is None or s.record.task != task:
+            return None
+        return s.record
+
+    def _on_new_prompt(self, ev: p.NewPrompt) -> None:
+        rec = self._record(ev.slot, ev.task)
+        if rec is not None:
+            rec.prompt_tokens = ev.n_tokens
+            self._set_diag(True)
+
+    def _on_cached_tokens(self, ev: p.CachedTokens) -> None:
+        rec = self._record(ev.slot, ev.task)
+        if rec is None or rec.reuse_source == "log":
+            return
+        rec.reused_tokens = ev.n_tokens
+        rec.reuse_source = "log"
+        if rec.prompt_tokens is not None:
+            self.sink.prefill_in_progress(ev.slot, max(rec.prompt_tokens - ev.n_tokens, 0))
+
+    def _on_forced_reprocess(self, ev: p.FullReprocessForced) -> None:
+        rec = self._record(ev.slot, ev.task)
+        if rec is not None:
+            rec.forced_reprocess = True
+
+    def _end_prefill(self, slot: int, at_us: int) -> None:
+        s = self._slots.get(slot)
+        if s is None or not s.prefills:
+            return
+        last = s.prefills[-1]
+        if last[1] is None:
+            last[1] = at_us
+        self.sink.prefill_in_progress(slot, 0)
+
+    def _on_prefill_finished(self, ev: p.PrefillFinished) -> None:
+        rec = self._record(ev.slot, ev.task)
+        if rec is not None:
+            rec._prefill_end_us = self._now
+        self._end_prefill(ev.slot, self._now)
+
+    def _on_prompt_timing(self, ev: p.PromptTiming) -> None:
+        rec = self._record(ev.slot, ev.task)
+        if rec is not None:
+            rec.prefill_seconds = ev.ms / 1000.0
+            rec.prefill_tokens = ev.n_tokens
+
+    def _on_eval_timing(self, ev: p.EvalTiming) -> None:
+        rec = self._record(ev.slot, ev.task)
+        if rec is None:
+            return
+        rec.generated_tokens = ev.n_tokens
+        rec.decode_seconds = ev.ms / 1000.0
+        if ev.n_tokens >= 2:
+            rec.time_per_output_token_seconds = ev.ms_per_token / 1000.0
+        # exact intervals from the server's own timings, ending at this line
+        decode_start = self._now - int(ev.ms * 1000)
+        rec._decode_start_us = decode_start
+        if rec.prefill_seconds is not None:
+            prefill_start = decode_start - int(rec.prefill_seconds * 1_000_000)
+            s = self._slot(ev.slot)
+            assert s.prefills is not None
+            if s.prefills:
+                s.prefills[-1] = [prefill_start, decode_start]
+            self.sink.prefill_in_progress(ev.slot, 0)
+
+    def _on_released(self, ev: p.TaskReleased) -> None:
+        s = self._slot(ev.slot)
+        rec = s.record
+        s.tokens = ev.n_tokens
+        if rec is None or rec.task != ev.task:
+            return
+        self._release(s, rec, cancelled=rec.generated_tokens is None)
+
+    def _release(self, s: _Slot, rec: RequestRecord, cancelled: bool) -> None:
+        rec.end_us = self._now
+        rec.cancelled = rec.cancelled or cancelled
+        rec._released_seq = self._snapshot_seq
+        if s.prefills and s.prefills[-1][1] is None:
+            s.prefills[-1][1] = self._now
+            self.sink.prefill_in_progress(rec.slot, 0)
+        s.record = None
+        self._pending.append(rec)
+        if rec.prompt_tokens is None and rec.reused_tokens is not None and rec.prefill_tokens is not None:
+            # -lv 3 with /slots: the prompt is what was reused plus what was computed
+            rec.prompt_tokens = rec.reused_tokens + rec.prefill_tokens
+        if rec.reuse_source != "log" and not rec.cancelled and self.verbosity is None:
+            self._set_diag(False)  # a whole task without its TRACE lines: -lv 3
+        if self.request_poll is not None:
+            self.request_poll()  # capture params.lora right after the task, if missed
+        if len(self._pending) > MAX_PENDING:
+            self._finalize(self._pending[0])
+
+    def _on_cancelled(self, ev: p.TaskCancelled) -> None:
+        for s in self._slots.values():
+            if s.record is not None and s.record.task == ev.task:
+                s.record.cancelled = True
+
+    def _on_failed(self, ev: p.TaskFailed) -> None:
+        for s in self._slots.values():
+            if s.record is not None and s.record.task == ev.task:
+                s.record.failed = True
+
+    # ------------------------------------------------------------ finalization
+    def _lora_resolved(self, rec: RequestRecord) -> bool:
+        if rec._lora_request is not None or not self.slots_polled:
+            return True
+        # a /slots poll taken after the release that did not show the task: give up
+        return rec._released_seq is not None and self._snapshot_seq > rec._released_seq + 1
+
+    def _overlap_resolved(self, rec: RequestRecord) -> bool:
+        if rec._decode_start_us is None or rec.end_us is None:
+            return True
+        for sid, s in self._slots.items():
+            if sid == rec.slot or not s.prefills:
+                continue
+            for start, end in s.prefills:
+                if end is None and start is not None and start < rec.end_us:
+                    return False
+        return True
+
+    def _try_finalize(self) -> None:
+        now = self._now
+        for rec in list(self._pending):
+            waited = now - (rec.end_us or now)
+            if waited > self.settings.max_wait_us or (self._lora_resolved(rec) and self._overlap_resolved(rec)):
+                self._finalize(rec)
+
+    def _finalize_all(self) -> None:
+        for s in self._slots.values():
+            if s.record is not None:
+                self._release(s, s.record, cancelled=True)
+        for rec in list(self._pending):
+            self._finalize(rec)
+
+    def _finalize(self, rec: RequestRecord) -> None:
+        self._pending.remove(rec)
+        st = self.settings
+        # LoRA
+        if rec._lora_request is None:
+            key = (rec.epoch, rec.task)
+            rec._lora_request = self._task_lora.get(key)
+        req = rec._lora_request
+        if req is not None:
+            rec.lora = "active" if any(sc != 0.0 for _, sc in req) else "none"
+            rec.lora_config = self.lora_config(req)
+        if rec._entry_source is not None:
+            src = self._task_lora.get(rec._entry_source)
+            rec.restored_entry_lora_config = self.lora_config(src)
+        # what became of a restored entry
+        if rec.ram_restored:
+            same = None
+            if rec.lora_config is not None and rec.restored_entry_lora_config is not None:
+                same = rec.lora_config == rec.restored_entry_lora_config
+            if rec.lora_cache_cleared:
+                rec.restore_result = (
+                    "discarded_lora_unknown" if same is None
+                    else "discarded_lora_wrongful" if same else "discarded_lora_correct"
+                )
+            elif rec.forced_reprocess or (rec.reuse_source is not None and rec.reused_tokens == 0):
+                rec.restore_result = "reprocessed"
+            else:
+                rec.restore_result = "kept"
+                rec.lora_mismatch_reuse = same is False
+        # outcome
+        if rec.prompt_tokens is not None and rec.reused_tokens is not None and rec.prompt_tokens > 0:
+            if rec.prompt_tokens >= st.min_prompt_tokens:
+                ratio = rec.reused_tokens / rec.prompt_tokens
+                rec.outcome = "hit" if ratio >= st.hit_ratio else "miss" if ratio < st.miss_ratio else "partial"
+                if rec.outcome == "miss":
+                    rec.miss_cause = self._miss_cause(rec)
+            rec.small_task_takeover = (
+                rec.prompt_tokens < st.small_task_tokens
+                and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
+            )
+        # overlap of other slots' prefills with this request's decoding
+        if rec._decode_start_us is not None and rec.end_us is not None and rec.decode_seconds:
+            rec.overlap_seconds = self._overlap(rec.slot, rec._decode_start_us, rec.end_us) / 1e6
+            frac = rec.overlap_seconds / rec.decode_seconds
+            rec.contention = "prefill" if frac > st.contention_fraction else "none"
+        self.sink.request(rec)
+
+    def _miss_cause(self, rec: RequestRecord) -> str:
+        if rec.restore_result is not None and rec.restore_result.startswith("discarded_lora"):
+            return "lora_discard"
+        if rec.lora_cache_cleared:
+            return "lora_discard"
+        if rec.forced_reprocess:
+            return "forced_reprocess"
+        if rec.ram_consulted and not rec.ram_restored:
+            return "no_cache_entry"
+        if rec.path == "slot":
+            return "slot_prefix_mismatch"
+        return "unknown"
+
+    def _overlap(self, slot: int, start: int, end: int) -> int:
+        spans: list[tuple[int, int]] = []
+        for sid, s in self._slots.items():
+            if sid == slot or not s.prefills:
+                continue
+            for a, b in s.prefills:
+                if a is None:
+                    continue
+                b2 = end if b is None else b
+                lo, hi = max(a, start), min(b2, end)
+                if hi > lo:
+                    spans.append((lo, hi))
+        spans.sort()
+        total, cur_lo, cur_hi = 0, None, None
+        for lo, hi in spans:
+            if cur_hi is None or lo > cur_hi:
+                if cur_hi is not None and cur_lo is not None:
+                    total += cur_hi - cur_lo
+                cur_lo, cur_hi = lo, hi
+            else:
+                cur_hi = max(cur_hi, hi)
+        if cur_hi is not None and cur_lo is not None:
+            total += cur_hi - cur_lo
+        return total
+
+
+_HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
+    p.ServerStarting: Assembler._on_server_starting,
+    p.Verbosity: Assembler._on_verbosity,
+    p.DebugLine: Assembler._on_debug,
+    p.SlotSelected: Assembler._on_slot_selected,
+    p.IdleSlotSaving: Assembler._on_idle_slot_saving,
+    p.CacheUpdateStarted: Assembler._on_cache_update_started,
+    p.PromptSaved: Assembler._on_prompt_saved,
+    p.PromptSaveSkipped: Assembler._on_prompt_save_skipped,
+    p.CacheCandidate: Assembler._on_candidate,
+    p.CacheRestored: Assembler._on_restored,
+    p.CacheState: Assembler._on_cache_state,
+    p.CacheEntryListed: Assembler._on_cache_entry,
+    p.CacheUpdateTook: Assembler._on_cache_update_took,
+    p.CacheEvicted: Assembler._on_cache_evicted,
+    p.LoraCacheCleared: Assembler._on_lora_cleared,
+    p.SlotPromptCleared: Assembler._on_slot_prompt_cleared,
+    p.TaskLaunched: Assembler._on_task_launched,
+    p.NewPrompt: Assembler._on_new_prompt,
+    p.CachedTokens: Assembler._on_cached_tokens,
+    p.FullReprocessForced: Assembler._on_forced_reprocess,
+    p.PrefillFinished: Assembler._on_prefill_finished,
+    p.PromptTiming: Assembler._on_prompt_timing,
+    p.EvalTiming: Assembler._on_eval_timing,
+    p.TaskReleased: Assembler._on_released,
+    p.TaskCancelled: Assembler._on_cancelled,
+    p.TaskFailed: Assembler._on_failed,
+}  # type: ignore[dict-item]

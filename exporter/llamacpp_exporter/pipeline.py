@@ -1,0 +1,159 @@
+"""The pipeline: raw line -> parse -> assemble -> metrics and events file.
+
+Single-threaded and replayable: ``Pipeline.process_line`` is the hot path, used both by
+the live exporter (fed by the tailer thread's queue) and by a replay of a file on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import IO, Callable
+
+from prometheus_client import CollectorRegistry
+
+from . import parse
+from .assemble import AssemblySettings, Assembler
+from .metrics import ExporterMetrics
+from .records import LoraAdapters, RequestRecord, SlotsSnapshot
+
+log = logging.getLogger(__name__)
+
+_RESULT = {parse.Ignored: "ignored", parse.Unrecognized: "unrecognized", parse.DebugLine: "ignored"}
+
+
+class EventsFile:
+    """Appends one JSON line per request record. Records hold numbers and fixed words only."""
+
+    def __init__(self, path: str, metrics: ExporterMetrics) -> None:
+        self.path = path
+        self.metrics = metrics
+        self._fh: IO[str] | None = None
+        self._last_error_log = 0.0
+
+    def write(self, rec: RequestRecord) -> None:
+        try:
+            if self._fh is None:
+                self._fh = open(self.path, "a", encoding="utf-8")
+            self._fh.write(json.dumps(rec.to_event(), separators=(",", ":")) + "\n")
+            self._fh.flush()
+            self.metrics.records_written.inc()
+        except OSError as e:
+            self.metrics.events_errors.inc()
+            self._fh = None
+            now = time.monotonic()
+            if now - self._last_error_log > 60:
+                self._last_error_log = now
+                log.warning("cannot write events file %s: %s", self.path, e.strerror)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class _Sink:
+    """Assembler sink: metrics always, the events file when configured, warnings once."""
+
+    def __init__(self, metrics: ExporterMetrics, events: EventsFile | None,
+                 extra: Callable[[RequestRecord], None] | None) -> None:
+        self.metrics = metrics
+        self.events = events
+        self.extra = extra
+
+    def request(self, record: RequestRecord) -> None:
+        self.metrics.request(record)
+        if self.events is not None:
+            self.events.write(record)
+        if self.extra is not None:
+            self.extra(record)
+
+    def diagnostics(self, available: bool, verbosity: int | None) -> None:
+        self.metrics.diagnostics(available, verbosity)
+        if not available:
+            log.warning(
+                "llama-server is not logging at -lv 4: RAM prompt-cache diagnostics (restores, LoRA "
+                "discards, reused tokens from the log) are unavailable; prefill and decode figures stay "
+                "exact. Start llama-server with -lv 4 to enable them."
+            )
+        else:
+            log.info("llama-server logs at -lv 4: RAM prompt-cache diagnostics available")
+
+    def debug_logging_seen(self) -> None:
+        self.metrics.debug_logging_seen()
+        log.warning(
+            "llama-server logs DEBUG lines (-lv 5 / -v): its log contains prompt and completion "
+            "text. The exporter drops these lines and copies no text, but the log file itself "
+            "holds user data. Use -lv 4."
+        )
+
+    def server_restart(self) -> None:
+        self.metrics.server_restart()
+        log.info("llama-server restart seen in the log: starting a new epoch")
+
+    def __getattr__(self, name: str):  # cache_state, cache_saved, ... go straight to metrics
+        return getattr(self.metrics, name)
+
+
+class Pipeline:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        settings: AssemblySettings | None = None,
+        *,
+        events_path: str | None = None,
+        slots_polled: bool = False,
+        request_poll: Callable[[], None] | None = None,
+        on_record: Callable[[RequestRecord], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics = ExporterMetrics(registry)
+        self.events = EventsFile(events_path, self.metrics) if events_path else None
+        self.clock = clock
+        self.assembler = Assembler(
+            _Sink(self.metrics, self.events, on_record),  # type: ignore[arg-type]
+            settings,
+            slots_polled=slots_polled,
+            request_poll=request_poll,
+        )
+
+    def process_line(self, line: str, now: float | None = None) -> None:
+        """Hot path. Never raises on input: an unknown line is counted and skipped."""
+        t = self.clock() if now is None else now
+        parsed = parse.parse_line(line)
+        result = _RESULT.get(type(parsed.event), "parsed")
+        self.metrics.line_read(result, t)
+        try:
+            self.assembler.feed(parsed, int(t * 1_000_000))
+        except Exception:  # an assembler bug must not stop the exporter; count and go on
+            log.exception("internal error while assembling a log event (line skipped)")
+            self.metrics.log_lines.labels("unrecognized").inc()
+
+    def oversized_line(self) -> None:
+        self.metrics.line_read("oversized")
+
+    def process_snapshot(self, snap: SlotsSnapshot) -> None:
+        try:
+            self.assembler.feed_snapshot(snap)
+        except Exception:
+            log.exception("internal error while applying a /slots snapshot")
+
+    def process_adapters(self, adapters: LoraAdapters) -> None:
+        self.assembler.feed_adapters(adapters)
+
+    def flush(self) -> None:
+        self.assembler.flush()
+        if self.events is not None:
+            self.events.close()
+
+
+def replay(path: str, registry: CollectorRegistry, settings: AssemblySettings | None = None,
+           events_path: str | None = None, now: float = 0.0) -> Pipeline:
+    """Run a whole log file through the pipeline at full speed (tests, `analyze`)."""
+    pl = Pipeline(registry, settings, events_path=events_path, clock=lambda: now)
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
+        for line in fh:
+            pl.process_line(line.rstrip("\r\n"), now)
+    pl.flush()
+    return pl

@@ -1,0 +1,102 @@
+"""The per-request record and the snapshots the poller feeds into the assembler."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+PATHS = ("slot", "ram", "pinned", "unknown")
+LORA_STATES = ("none", "active", "unknown")
+RESTORE_RESULTS = (
+    "kept",
+    "discarded_lora_wrongful",
+    "discarded_lora_correct",
+    "discarded_lora_unknown",
+    "reprocessed",
+)
+OUTCOMES = ("hit", "partial", "miss")
+MISS_CAUSES = ("lora_discard", "forced_reprocess", "no_cache_entry", "slot_prefix_mismatch", "unknown")
+CONTENTION = ("prefill", "none")
+
+_SELECTION_PATH = {"lcp": "slot", "lru": "ram", "id": "pinned"}
+
+
+def selection_path(method: str | None) -> str:
+    return _SELECTION_PATH.get(method or "", "unknown")
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything the exporter learned about one task. Numbers and fixed words only."""
+
+    epoch: int
+    slot: int
+    task: int
+    path: str = "unknown"
+    lora: str = "unknown"
+    lora_config: str | None = None  # effective adapter scales, e.g. "0:0.5"; None when unknown
+    prompt_tokens: int | None = None
+    reused_tokens: int | None = None
+    reuse_source: str | None = None  # "log" (-lv 4) or "slots" (/slots while running)
+    slot_tokens_before: int | None = None  # what the slot held when it was selected
+    ram_consulted: bool = False
+    ram_candidates: int = 0
+    ram_best_f_sim: float | None = None
+    ram_restored: bool = False
+    restored_tokens: int | None = None
+    restored_entry_lora_config: str | None = None
+    restore_result: str | None = None
+    lora_mismatch_reuse: bool = False
+    lora_cache_cleared: bool = False
+    forced_reprocess: bool = False
+    outcome: str | None = None
+    miss_cause: str | None = None
+    small_task_takeover: bool = False
+    prefill_seconds: float | None = None
+    prefill_tokens: int | None = None
+    generated_tokens: int | None = None
+    decode_seconds: float | None = None
+    time_per_output_token_seconds: float | None = None
+    overlap_seconds: float = 0.0
+    contention: str | None = None
+    cancelled: bool = False
+    failed: bool = False
+    start_us: int | None = None
+    end_us: int | None = None
+    # assembly bookkeeping, not exported
+    _entry_source: tuple[int, int] | None = field(default=None, repr=False)
+    _lora_request: tuple[tuple[int, float], ...] | None = field(default=None, repr=False)
+    _released_seq: int | None = field(default=None, repr=False)
+    _prefill_start_us: int | None = field(default=None, repr=False)
+    _prefill_end_us: int | None = field(default=None, repr=False)
+    _decode_start_us: int | None = field(default=None, repr=False)
+
+    def to_event(self) -> dict:
+        """The events-file line: public fields only."""
+        d = asdict(self)
+        return {k: v for k, v in d.items() if not k.startswith("_")}
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """The numeric part of one element of ``/slots``. Nothing textual is kept."""
+
+    id: int
+    id_task: int | None
+    is_processing: bool
+    n_prompt_tokens: int | None
+    n_prompt_tokens_processed: int | None
+    n_prompt_tokens_cache: int | None
+    n_decoded: int | None
+    lora: tuple[tuple[int, float], ...] | None  # request's [{id, scale}], None if absent
+
+
+@dataclass(frozen=True, slots=True)
+class SlotsSnapshot:
+    slots: tuple[SlotState, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapters:
+    """Global adapter scales from ``/lora-adapters``, by adapter id."""
+
+    scales: tuple[tuple[int, float], ...]
