@@ -1,0 +1,231 @@
+"""Wiring: log source thread -> queue -> pipeline thread; server poller thread; HTTP server.
+
+The pipeline runs on one thread and owns all assembly state; the other threads only
+put lines and snapshots on its queue. The queue is bounded: a stalled pipeline slows
+the reader (the file or pipe keeps the data) instead of growing memory.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import queue
+import signal
+import socket
+import sys
+import threading
+from socketserver import ThreadingMixIn
+from typing import Any, Iterable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.registry import Collector
+
+from . import __version__
+from .assemble import AssemblySettings
+from .config import Config, parse_listen_address, read_api_key
+from .pipeline import Pipeline
+from .records import LoraAdapters, SlotsSnapshot
+from .server import ServerPoller
+from .tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_file, follow_stream
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+_OVERSIZED = object()
+
+
+def settings_from(cfg: Config) -> AssemblySettings:
+    return AssemblySettings(
+        min_prompt_tokens=cfg.cache.min_prompt_tokens,
+        hit_ratio=cfg.cache.hit_ratio,
+        miss_ratio=cfg.cache.miss_ratio,
+        contention_fraction=cfg.contention.fraction,
+        small_task_tokens=cfg.takeover.small_task_tokens,
+        big_conversation_tokens=cfg.takeover.big_conversation_tokens,
+    )
+
+
+class _ServerFamilies(Collector):
+    """Re-exports llama-server's own /metrics (as last polled) under llamacpp_server_*."""
+
+    def __init__(self, poller: ServerPoller) -> None:
+        self.poller = poller
+
+    def collect(self) -> Iterable[Any]:
+        try:
+            return self.poller.collect_server_families()
+        except Exception:  # never fail a scrape
+            return []
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _V6ThreadingWSGIServer(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log
+        pass
+
+
+def landing_page(cfg: Config) -> bytes:
+    path = html.escape(cfg.web.telemetry_path)
+    return f"""<!doctype html><html><head><title>llamacpp-exporter</title></head><body>
+<h1>llamacpp-exporter {html.escape(__version__)}</h1>
+<p>Prometheus exporter for llama.cpp's llama-server: one record per request from its log and /slots.</p>
+<ul><li><a href="{path}">{path}</a>: metrics</li><li><a href="/-/healthy">/-/healthy</a>: exporter health</li></ul>
+</body></html>""".encode()
+
+
+def make_app(registry: CollectorRegistry, cfg: Config):
+    metrics_app = make_wsgi_app(registry)
+    page = landing_page(cfg)
+    telemetry = cfg.web.telemetry_path
+
+    def app(environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        if path == telemetry:
+            return metrics_app(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [page]
+        if path in ("/-/healthy", "/healthz"):
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"OK\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    return app
+
+
+class Exporter:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.registry = CollectorRegistry()
+        self.stop = threading.Event()
+        self.q: queue.Queue[Any] = queue.Queue(maxsize=10000)
+        api_key = read_api_key(cfg.llama)
+        self.pipeline = Pipeline(
+            self.registry,
+            settings_from(cfg),
+            events_path=cfg.events.path,
+            slots_polled=cfg.llama.poll_slots,
+            request_poll=self._request_poll,
+        )
+        self.metrics = self.pipeline.metrics
+        self.poller = ServerPoller(
+            cfg.llama.url,
+            api_key=api_key,
+            timeout=cfg.llama.timeout_seconds,
+            interval=cfg.llama.poll_interval_seconds,
+            poll_slots=cfg.llama.poll_slots,
+            poll_metrics=cfg.llama.poll_metrics,
+            metrics=self.metrics,
+            on_snapshot=lambda s: self._put(s),
+            on_adapters=lambda a: self._put(a),
+        )
+        self.registry.register(_ServerFamilies(self.poller))
+        self.stats = SourceStats(self.metrics)
+        self.threads: list[threading.Thread] = []
+        self.httpd: WSGIServer | None = None
+
+    def _request_poll(self) -> None:
+        self.poller.request_slots_poll()
+
+    def _put(self, item: Any) -> None:
+        while not self.stop.is_set():
+            try:
+                self.q.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
+
+    # ------------------------------------------------------------ threads
+    def _source(self) -> None:
+        splitter = LineSplitter(self._put, lambda: self._put(_OVERSIZED), self.cfg.log.max_line_bytes)
+        lc = self.cfg.log
+        try:
+            if lc.command:
+                follow_command(lc.command, splitter, self.stats, self.stop)
+            elif lc.path == "-":
+                follow_stream(sys.stdin.buffer, splitter, self.stop)
+                log.info("standard input closed")
+            elif lc.path:
+                follower = FileFollower(lc.path, splitter, self.stats, from_start=lc.from_start)
+                follow_file(follower, self.stop, lc.poll_interval_seconds)
+        except Exception:
+            log.exception("log source failed")
+            self.stats.read_error()
+
+    def _process(self) -> None:
+        pl = self.pipeline
+        while True:
+            item = self.q.get()
+            if item is _STOP:
+                break
+            if isinstance(item, str):
+                pl.process_line(item)
+            elif isinstance(item, SlotsSnapshot):
+                pl.process_snapshot(item)
+            elif isinstance(item, LoraAdapters):
+                pl.process_adapters(item)
+            elif item is _OVERSIZED:
+                pl.oversized_line()
+        pl.flush()
+
+    def start(self) -> None:
+        host, port = parse_listen_address(self.cfg.web.listen_address)
+        server_class = _V6ThreadingWSGIServer if ":" in host else _ThreadingWSGIServer
+        self.httpd = make_server(host, port, make_app(self.registry, self.cfg),
+                                 server_class=server_class, handler_class=_QuietHandler)
+        self.port = self.httpd.server_address[1]
+        for name, target in (("pipeline", self._process), ("log-source", self._source),
+                             ("poller", lambda: self.poller.run(self.stop)),
+                             ("http", self.httpd.serve_forever)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self.threads.append(t)
+        src = self.cfg.log.command and "command" or self.cfg.log.path or "none"
+        log.info("llamacpp-exporter %s listening on %s:%d, llama-server %s, log source %s",
+                 __version__, host, self.port, self.cfg.llama.url, src)
+        if not self.cfg.log.path and not self.cfg.log.command:
+            log.warning("no log source (--log.path or --log.command): only llama-server's endpoints are exported")
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.poller.request_slots_poll()
+        if self.httpd is not None:
+            self.httpd.shutdown()
+        try:
+            self.q.put(_STOP, timeout=5)
+        except queue.Full:
+            pass
+        for t in self.threads:
+            if t.name == "pipeline":
+                t.join(timeout=10)
+        self.poller.close()
+
+
+
+def run(cfg: Config) -> int:
+    exp = Exporter(cfg)
+    exp.start()
+    done = threading.Event()
+
+    def _signal(signum: int, frame: Any) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, _signal)
+    signal.signal(signal.SIGINT, _signal)
+    stdin_source = cfg.log.path == "-"
+    while not done.wait(0.5):
+        if stdin_source and not any(t.is_alive() for t in exp.threads if t.name == "log-source"):
+            # stdin ended: keep serving the final metrics until stopped, as a file would
+            stdin_source = False
+    log.info("shutting down")
+    exp.shutdown()
+    return 0

@@ -1,0 +1,197 @@
+"""Strict configuration: YAML file and command line, one set of frozen dataclasses.
+
+Unknown keys, wrong types and out-of-range values are errors that name the key.
+The command line overrides the file; the file overrides the defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+DEFAULT_PORT = 10938
+DEFAULT_LISTEN = f":{DEFAULT_PORT}"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    url: str = "http://127.0.0.1:8080"
+    api_key_file: str | None = None
+    api_key_env: str = "LLAMA_API_KEY"
+    timeout_seconds: float = 2.0
+    poll_interval_seconds: float = 5.0
+    poll_slots: bool = True
+    poll_metrics: bool = True
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    path: str | None = None
+    command: str | None = None
+    from_start: bool = False
+    poll_interval_seconds: float = 0.25
+    max_line_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    listen_address: str = DEFAULT_LISTEN
+    telemetry_path: str = "/metrics"
+
+
+@dataclass(frozen=True)
+class EventsConfig:
+    path: str | None = None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    min_prompt_tokens: int = 1024
+    hit_ratio: float = 0.9
+    miss_ratio: float = 0.1
+
+
+@dataclass(frozen=True)
+class ContentionConfig:
+    fraction: float = 0.1
+
+
+@dataclass(frozen=True)
+class TakeoverConfig:
+    small_task_tokens: int = 256
+    big_conversation_tokens: int = 1024
+
+
+@dataclass(frozen=True)
+class Config:
+    llama: LlamaConfig = field(default_factory=LlamaConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    web: WebConfig = field(default_factory=WebConfig)
+    events: EventsConfig = field(default_factory=EventsConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    contention: ContentionConfig = field(default_factory=ContentionConfig)
+    takeover: TakeoverConfig = field(default_factory=TakeoverConfig)
+
+
+def _check_type(path: str, value: Any, typ: Any) -> Any:
+    t = str(typ)
+    optional = "None" in t
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{path}: must not be empty")
+    if "bool" in t:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{path}: expected true or false, got {value!r}")
+        return value
+    if "int" in t and "float" not in t:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        return value
+    if "float" in t:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{path}: expected a number, got {value!r}")
+        return float(value)
+    if "str" in t:
+        if not isinstance(value, str):
+            raise ConfigError(f"{path}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def _build(cls: Any, data: Any, path: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        where = f"{path}." if path else ""
+        raise ConfigError(f"unknown key {where}{unknown[0]} (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            continue
+        key = f"{path}.{name}" if path else name
+        if dataclasses.is_dataclass(f.default_factory) if f.default_factory is not dataclasses.MISSING else False:
+            kwargs[name] = _build(f.default_factory, data[name], key)
+        else:
+            kwargs[name] = _check_type(key, data[name], f.type)
+    return cls(**kwargs)
+
+
+def load_file(path: str) -> Config:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    return _build(Config, data, "")
+
+
+def override(cfg: Config, section: str, **values: Any) -> Config:
+    """Apply command-line values that were given (not None) to one section."""
+    given = {k: v for k, v in values.items() if v is not None}
+    if not given:
+        return cfg
+    return dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **given)})
+
+
+def validate(cfg: Config) -> Config:
+    if cfg.log.path and cfg.log.command:
+        raise ConfigError("log.path and log.command are exclusive: follow a file (or - for stdin) or a command")
+    if not cfg.llama.url.startswith(("http://", "https://")):
+        raise ConfigError(f"llama.url: must start with http:// or https://, got {cfg.llama.url!r}")
+    for key, v in (("llama.timeout_seconds", cfg.llama.timeout_seconds),
+                   ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds),
+                   ("log.poll_interval_seconds", cfg.log.poll_interval_seconds)):
+        if v <= 0:
+            raise ConfigError(f"{key}: must be positive, got {v}")
+    if cfg.log.max_line_bytes < 1024:
+        raise ConfigError("log.max_line_bytes: must be at least 1024")
+    c = cfg.cache
+    if not (0 <= c.miss_ratio <= c.hit_ratio <= 1):
+        raise ConfigError("cache: need 0 <= miss_ratio <= hit_ratio <= 1")
+    if c.min_prompt_tokens < 1:
+        raise ConfigError("cache.min_prompt_tokens: must be at least 1")
+    if not (0 <= cfg.contention.fraction <= 1):
+        raise ConfigError("contention.fraction: must be between 0 and 1")
+    parse_listen_address(cfg.web.listen_address)
+    if not cfg.web.telemetry_path.startswith("/") or cfg.web.telemetry_path == "/":
+        raise ConfigError("web.telemetry_path: must start with / and not be /")
+    return cfg
+
+
+def parse_listen_address(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
+        raise ConfigError(f"web.listen_address: expected HOST:PORT or :PORT, got {addr!r}")
+    host = host.strip("[]")
+    return host or "0.0.0.0", int(port)
+
+
+def read_api_key(cfg: LlamaConfig) -> str | None:
+    """The API key from a file (first non-comment line) or an environment variable. Never logged."""
+    if cfg.api_key_file:
+        try:
+            with open(cfg.api_key_file, encoding="utf-8") as fh:
+                for line in fh:
+                    line = line.strip()
+                    if line and not line.startswith("#"):
+                        return line
+        except OSError as e:
+            raise ConfigError(f"llama.api_key_file: cannot read {cfg.api_key_file}: {e.strerror}") from None
+        raise ConfigError(f"llama.api_key_file: {cfg.api_key_file} holds no key")
+    key = os.environ.get(cfg.api_key_env, "").strip()
+    return key or None

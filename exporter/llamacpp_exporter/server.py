@@ -1,0 +1,236 @@
+"""llama-server's HTTP endpoints: /health, /slots, /metrics, /lora-adapters.
+
+Pure parsers (``parse_slots``, ``parse_lora_adapters``, ``rename_server_metrics``) plus a
+background poller. The poller, not the scrape, talks to llama-server, with short
+timeouts: a slow or dead server never blocks a scrape of the exporter. /slots is polled
+when the log shows a new task (to capture each task's ``params.lora`` and reused tokens
+while it runs) and periodically.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+import httpx
+from prometheus_client.core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from .records import LoraAdapters, SlotsSnapshot, SlotState
+
+log = logging.getLogger(__name__)
+
+SERVER_PREFIX = "llamacpp_server_"
+
+
+# ---------------------------------------------------------------- pure parsers
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def parse_slots(obj: Any) -> SlotsSnapshot:
+    """``/slots`` JSON -> numeric slot states. Text fields (prompt, generated) are never read."""
+    if not isinstance(obj, list):
+        raise ValueError("/slots did not return a list")
+    slots = []
+    for el in obj:
+        if not isinstance(el, dict) or _int(el.get("id")) is None:
+            continue
+        params = el.get("params") if isinstance(el.get("params"), dict) else {}
+        lora_raw = params.get("lora") if params else None
+        lora: tuple[tuple[int, float], ...] | None = None
+        if isinstance(lora_raw, list):
+            items = []
+            for a in lora_raw:
+                if isinstance(a, dict) and _int(a.get("id")) is not None and isinstance(a.get("scale"), (int, float)):
+                    items.append((int(a["id"]), float(a["scale"])))
+            lora = tuple(sorted(items))
+        nt = el.get("next_token")
+        n_decoded = None
+        if isinstance(nt, list) and nt and isinstance(nt[0], dict):
+            n_decoded = _int(nt[0].get("n_decoded"))
+        slots.append(SlotState(
+            id=el["id"],
+            id_task=_int(el.get("id_task")),
+            is_processing=bool(el.get("is_processing")),
+            n_prompt_tokens=_int(el.get("n_prompt_tokens")),
+            n_prompt_tokens_processed=_int(el.get("n_prompt_tokens_processed")),
+            n_prompt_tokens_cache=_int(el.get("n_prompt_tokens_cache")),
+            n_decoded=n_decoded,
+            lora=lora,
+        ))
+    return SlotsSnapshot(tuple(slots))
+
+
+def parse_lora_adapters(obj: Any) -> LoraAdapters:
+    if not isinstance(obj, list):
+        raise ValueError("/lora-adapters did not return a list")
+    scales = []
+    for a in obj:
+        if isinstance(a, dict) and _int(a.get("id")) is not None and isinstance(a.get("scale"), (int, float)):
+            scales.append((int(a["id"]), float(a["scale"])))
+    return LoraAdapters(tuple(sorted(scales)))
+
+
+def rename_server_metrics(text: str) -> list[Metric]:
+    """llama-server's ``llamacpp:name`` families -> ``llamacpp_server_name``.
+
+    Colons are reserved for recording rules. A family declared counter whose sample does
+    not end in ``_total`` (``n_tokens_max``, a high-water mark) is re-typed gauge.
+    """
+    out = []
+    for fam in text_string_to_metric_families(text):
+        name = fam.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_")
+        typ = fam.type
+        samples = [
+            Sample(s.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_"), s.labels, s.value)
+            for s in fam.samples
+        ]
+        if typ == "counter" and samples and not samples[0].name.endswith("_total"):
+            typ = "gauge"
+            name = samples[0].name
+        if typ not in ("counter", "gauge"):
+            typ = "untyped"
+        m = Metric(name, fam.documentation or name, typ)
+        m.samples = samples
+        out.append(m)
+    return out
+
+
+# ---------------------------------------------------------------- the poller
+class ServerPoller:
+    """Background poller of llama-server. Thread-safe; results are delivered through
+    ``on_snapshot`` / ``on_adapters`` and kept for the scrape-time collector."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None,
+        timeout: float,
+        interval: float,
+        poll_slots: bool,
+        poll_metrics: bool,
+        metrics: Any,
+        on_snapshot: Callable[[SlotsSnapshot], None],
+        on_adapters: Callable[[LoraAdapters], None],
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
+                                   timeout=httpx.Timeout(timeout, connect=min(timeout, 1.0)), transport=transport)
+        self.interval = interval
+        self.poll_slots = poll_slots
+        self.poll_metrics = poll_metrics
+        self.metrics = metrics
+        self.on_snapshot = on_snapshot
+        self.on_adapters = on_adapters
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self.server_families: list[Metric] = []
+        self._logged_down: dict[str, str] = {}
+        self._slots_disabled = False
+
+    def request_slots_poll(self) -> None:
+        self._wake.set()
+
+    def _get(self, endpoint: str, path: str) -> httpx.Response | None:
+        t0 = time.monotonic()
+        try:
+            r = self.client.get(path)
+            ok = r.status_code == 200
+            err = None if ok else f"HTTP {r.status_code}"
+        except httpx.HTTPError as e:
+            r, ok, err = None, False, type(e).__name__
+        self.metrics.scrape_duration.labels(endpoint).set(time.monotonic() - t0)
+        self.metrics.up.labels(endpoint).set(1 if ok else 0)
+        if not ok:
+            self.metrics.scrape_errors.labels(endpoint).inc()
+            if self._logged_down.get(endpoint) != err:
+                self._logged_down[endpoint] = err or ""
+                hint = ""
+                if r is not None and r.status_code == 401:
+                    hint = " (llama-server wants an API key: set --llama.api-key-file or LLAMA_API_KEY)"
+                elif r is not None and r.status_code == 501 and endpoint == "metrics":
+                    hint = " (start llama-server with --metrics)"
+                elif r is not None and r.status_code == 501 and endpoint == "slots":
+                    hint = " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
+                log.warning("llama-server %s: %s%s", path, err, hint)
+            return None
+        if endpoint in self._logged_down:
+            del self._logged_down[endpoint]
+            log.info("llama-server %s answers again", path)
+        return r
+
+    def poll_slots_once(self) -> SlotsSnapshot | None:
+        r = self._get("slots", "/slots")
+        if r is None:
+            return None
+        try:
+            snap = parse_slots(r.json())
+        except ValueError as e:
+            self.metrics.scrape_errors.labels("slots").inc()
+            log.warning("unexpected /slots answer: %s", e)
+            return None
+        self.on_snapshot(snap)
+        return snap
+
+    def poll_all_once(self) -> None:
+        self._get("health", "/health")
+        if self.poll_metrics:
+            r = self._get("metrics", "/metrics")
+            fams: list[Metric] = []
+            if r is not None:
+                try:
+                    fams = rename_server_metrics(r.text)
+                except Exception as e:  # malformed exposition: keep going without it
+                    self.metrics.scrape_errors.labels("metrics").inc()
+                    log.warning("cannot parse llama-server /metrics: %s", e)
+            with self._lock:
+                self.server_families = fams
+        r = self._get("lora-adapters", "/lora-adapters")
+        if r is not None:
+            try:
+                self.on_adapters(parse_lora_adapters(r.json()))
+            except ValueError:
+                self.metrics.scrape_errors.labels("lora-adapters").inc()
+        if self.poll_slots:
+            self.poll_slots_once()
+
+    def run(self, stop: threading.Event) -> None:
+        next_full = 0.0
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_full:
+                self.poll_all_once()
+                next_full = now + self.interval
+            woken = self._wake.wait(timeout=max(0.0, min(next_full - time.monotonic(), self.interval)))
+            if stop.is_set():
+                break
+            if woken and self.poll_slots:
+                self._wake.clear()
+                self._poll_until_started(stop)
+
+    def _poll_until_started(self, stop: threading.Event) -> None:
+        # A task's reused-token count is trustworthy once its prefill has begun; poll a few
+        # times, briefly, until every busy slot is past that point.
+        for _ in range(40):
+            snap = self.poll_slots_once()
+            if snap is None:
+                return
+            waiting = any(
+                s.is_processing and not (s.n_prompt_tokens_processed or 0) and not (s.n_decoded or 0)
+                for s in snap.slots
+            )
+            if not waiting or stop.wait(0.025):
+                return
+
+    def collect_server_families(self) -> Iterable[Metric]:
+        with self._lock:
+            return list(self.server_families)
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,279 @@
+"""Log sources: a followed file (like ``tail -F``), standard input, or a command's output.
+
+I/O only: each source turns bytes into complete lines and hands them to a callback.
+No parsing here. A line longer than ``max_line_bytes`` is dropped and reported as
+oversized, so one runaway line cannot exhaust memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+from typing import IO, Callable
+
+log = logging.getLogger(__name__)
+
+HEAD_BYTES = 64  # compared on every idle poll to spot a file rewritten in place
+
+
+class SourceStats:
+    """What the source did, counted here and mirrored to the exporter's metrics if given."""
+
+    def __init__(self, metrics: object | None = None) -> None:
+        self.metrics = metrics
+        self.rotations = self.truncations = self.read_errors = self.command_restarts = 0
+
+    def rotation(self) -> None:
+        self.rotations += 1
+        if self.metrics is not None:
+            self.metrics.log_rotations.inc()  # type: ignore[attr-defined]
+
+    def truncation(self) -> None:
+        self.truncations += 1
+        if self.metrics is not None:
+            self.metrics.log_truncations.inc()  # type: ignore[attr-defined]
+
+    def read_error(self) -> None:
+        self.read_errors += 1
+        if self.metrics is not None:
+            self.metrics.log_read_errors.inc()  # type: ignore[attr-defined]
+
+    def command_restart(self) -> None:
+        self.command_restarts += 1
+        if self.metrics is not None:
+            self.metrics.log_source_restarts.inc()  # type: ignore[attr-defined]
+
+
+class LineSplitter:
+    """Bytes in, complete lines out; keeps the partial last line until its newline arrives."""
+
+    def __init__(self, emit: Callable[[str], None], oversized: Callable[[], None], max_line_bytes: int) -> None:
+        self.emit = emit
+        self.oversized = oversized
+        self.max = max_line_bytes
+        self.buf = bytearray()
+        self.skipping = False  # inside an oversized line: drop until its newline
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                rest = data[start:]
+                if self.skipping:
+                    return
+                if len(self.buf) + len(rest) > self.max:
+                    self.buf.clear()
+                    self.skipping = True
+                    self.oversized()
+                    return
+                self.buf += rest
+                return
+            chunk = data[start:nl]
+            start = nl + 1
+            if self.skipping:
+                self.skipping = False
+                continue
+            if self.buf:
+                self.buf += chunk
+                chunk = bytes(self.buf)
+                self.buf.clear()
+            if len(chunk) > self.max:
+                self.oversized()
+                continue
+            self.emit(chunk.rstrip(b"\r").decode("utf-8", errors="replace"))
+
+    def flush(self) -> None:
+        """Emit a pending partial line (the file it came from is gone)."""
+        if self.buf and not self.skipping:
+            self.emit(bytes(self.buf).decode("utf-8", errors="replace"))
+        self.buf.clear()
+        self.skipping = False
+
+    def drop(self) -> None:
+        self.buf.clear()
+        self.skipping = False
+
+
+class FileFollower:
+    """Follows a file by name: rotation (rename + new file), copytruncate, truncation in
+    place (llama-server's --log-file at every restart), a file that does not exist yet,
+    and partial last lines. Polling, like ``tail -F`` on filesystems without inotify."""
+
+    def __init__(self, path: str, splitter: LineSplitter, stats: SourceStats, from_start: bool = False,
+                 chunk_bytes: int = 1 << 20) -> None:
+        self.path = path
+        self.splitter = splitter
+        self.stats = stats
+        self.from_start = from_start
+        self.chunk = chunk_bytes
+        self.fh: IO[bytes] | None = None
+        self.ino: tuple[int, int] | None = None
+        self.pos = 0
+        self.head = b""
+        self._first_open = True
+        self._missing_logged = False
+
+    def _open(self) -> bool:
+        try:
+            fh = open(self.path, "rb")
+        except FileNotFoundError:
+            if not self._missing_logged:
+                log.warning("log file %s does not exist yet; waiting for it", self.path)
+                self._missing_logged = True
+            self._first_open = False  # a file created later is read from its start
+            return False
+        except OSError as e:
+            self.stats.read_error()
+            log.warning("cannot open log file %s: %s", self.path, e.strerror)
+            return False
+        st = os.fstat(fh.fileno())
+        self.fh = fh
+        self.ino = (st.st_dev, st.st_ino)
+        if self._first_open and not self.from_start:
+            self.pos = fh.seek(0, os.SEEK_END)
+        else:
+            self.pos = 0
+        self._first_open = False
+        self._missing_logged = False
+        self.head = os.pread(fh.fileno(), HEAD_BYTES, 0)
+        log.info("following %s from offset %d", self.path, self.pos)
+        return True
+
+    def poll_once(self) -> int:
+        """Read what is new. Returns the number of bytes read."""
+        if self.fh is None and not self._open():
+            return 0
+        assert self.fh is not None
+        n = self._read_available()
+        if n:
+            return n
+        # at EOF: has the file been truncated, rewritten or replaced?
+        fd = self.fh.fileno()
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            st = None
+        if st is not None and st.st_size < self.pos:
+            self._truncated()
+            return self._read_available()
+        if st is not None and len(self.head) and st.st_size >= len(self.head):
+            if os.pread(fd, len(self.head), 0) != self.head:
+                self._truncated()
+                return self._read_available()
+        try:
+            pst = os.stat(self.path)
+        except FileNotFoundError:
+            return 0  # renamed away, new file not there yet: keep the old one open
+        except OSError:
+            return 0
+        if (pst.st_dev, pst.st_ino) != self.ino:
+            self._read_available()  # whatever was appended to the old file before the rename
+            self.splitter.flush()
+            self.fh.close()
+            self.fh = None
+            self.stats.rotation()
+            log.info("log file %s was rotated; reopening", self.path)
+            if self._open():
+                return self._read_available()
+        return 0
+
+    def _truncated(self) -> None:
+        assert self.fh is not None
+        self.stats.truncation()
+        log.info("log file %s was truncated; reading it from the start", self.path)
+        self.splitter.drop()
+        self.fh.seek(0)
+        self.pos = 0
+        self.head = os.pread(self.fh.fileno(), HEAD_BYTES, 0)
+
+    def _read_available(self) -> int:
+        assert self.fh is not None
+        total = 0
+        while True:
+            try:
+                data = self.fh.read(self.chunk)
+            except OSError as e:
+                self.stats.read_error()
+                log.warning("error reading %s: %s", self.path, e.strerror)
+                return total
+            if not data:
+                break
+            if len(self.head) < HEAD_BYTES and self.pos < HEAD_BYTES:
+                self.head = os.pread(self.fh.fileno(), HEAD_BYTES, 0)
+            self.pos += len(data)
+            total += len(data)
+            self.splitter.feed(data)
+        return total
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+def follow_file(follower: FileFollower, stop: threading.Event, interval: float) -> None:
+    while not stop.is_set():
+        if follower.poll_once() == 0:
+            stop.wait(interval)
+    follower.close()
+
+
+def follow_stream(stream: IO[bytes], splitter: LineSplitter, stop: threading.Event) -> None:
+    """Standard input: read until EOF."""
+    while not stop.is_set():
+        data = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
+        if not data:
+            break
+        splitter.feed(data)
+    splitter.flush()
+
+
+def follow_command(command: str, splitter: LineSplitter, stats: SourceStats, stop: threading.Event,
+                   max_backoff: float = 30.0) -> None:
+    """Run a command (``journalctl -f ...``, ``docker logs -f ...``) and follow its stdout and
+    stderr; restart it with backoff when it exits."""
+    backoff = 1.0
+    while not stop.is_set():
+        try:
+            proc = subprocess.Popen(
+                command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        except OSError as e:
+            stats.read_error()
+            log.error("cannot start log command: %s", e.strerror)
+            stop.wait(backoff)
+            backoff = min(backoff * 2, max_backoff)
+            continue
+        log.info("following the output of the log command (pid %d)", proc.pid)
+        assert proc.stdout is not None
+        got_data = False
+        watcher = threading.Thread(target=_kill_on_stop, args=(proc, stop), daemon=True)
+        watcher.start()
+        while True:
+            data = proc.stdout.read1(1 << 16)
+            if not data:
+                break
+            got_data = True
+            splitter.feed(data)
+        splitter.flush()
+        rc = proc.wait()
+        if stop.is_set():
+            return
+        stats.command_restart()
+        log.warning("log command exited with status %s; restarting in %.0f s", rc, backoff)
+        stop.wait(backoff)
+        backoff = 1.0 if got_data else min(backoff * 2, max_backoff)
+
+
+def _kill_on_stop(proc: subprocess.Popen, stop: threading.Event) -> None:
+    while proc.poll() is None:
+        if stop.wait(0.5):
+            try:
+                os.killpg(proc.pid, 15)
+            except OSError:
+                pass
+            return
