@@ -284,7 +284,7 @@ _RE_FOUND = re.compile(r" - found better prompt with f_keep = ([-\d.]+), f_sim =
 _RE_STATE = re.compile(r" - cache state: (\d+) prompts, " + _FLOAT + r" MiB \(limits: " + _FLOAT + " MiB")
 _RE_ENTRY = re.compile(r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +\d+, +" + _FLOAT + " MiB")
 _RE_TOOK = re.compile(r"prompt cache update took " + _FLOAT + " ms")
-_RE_EVICT = re.compile(r"removing oldest entry \(size = " + _FLOAT + " MiB\)")
+_RE_EVICT = re.compile(r"removing oldest entry \(size = " + _FLOAT + r" MiB\)")
 _RE_OBSOLETE = re.compile(r" - removing obsolete cached prompt with length (\d+)")
 _RE_VERBOSITY = re.compile(r"verbosity = (\d+)")
 _RE_SLOTS_INIT = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")

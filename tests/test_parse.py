@@ -1,0 +1,136 @@
+"""The parser on real lines, one test per line kind, plus the envelope variants
+(timestamps off, prefix off, colours, router prefix, JSONL) and malformed input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llamacpp_exporter import parse as p
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def real_line(fragment: str, log: str = "lv4-np2-text.log") -> str:
+    for line in (LOGS / log).read_text(errors="replace").splitlines():
+        if fragment in line:
+            return line
+    raise AssertionError(f"no line with {fragment!r} in {log}")
+
+
+CASES = [
+    ("initializing ...", p.ServerStarting()),
+    ("verbosity = 4", p.Verbosity(4)),
+    ("initializing, n_slots", p.SlotsInitialized(2, 8192)),
+    ("prompt cache is enabled, size limit", p.CacheEnabled(512.0)),
+    ("conv_id=conv-1-0", p.ConversationIdSeen(False)),
+    ("selected slot by LRU, t_last = -1", p.SlotSelected(1, "lru")),
+    ("selected slot by LCP similarity", p.SlotSelected(0, "lcp", 1.0)),
+    ("updating prompt cache", p.CacheUpdateStarted()),
+    ("saving prompt with length 255", p.PromptSaved(255, 4.489)),
+    ("prompt is already in the cache", p.PromptSaveSkipped("already_cached")),
+    ("looking for better prompt, base f_keep = 0.036", None),
+    ("prompt with length     255, lcp", None),
+    ("found better prompt", None),
+    ("cache state: 1 prompts, 10.265 MiB", p.CacheState(1, 10.265, 512.0)),
+    ("   - prompt 0x5593369e7000:     255 tokens", p.CacheEntryListed("0x5593369e7000", 255, 10.265)),
+    ("prompt cache update took 4.13 ms", p.CacheUpdateTook(4.13)),
+    ("clearing cache for lora change. 0 loras -> 1 loras", p.LoraCacheCleared(1, 0, 1)),
+    ("task 0 | processing task, is_child = 0", p.TaskLaunched(1, 0, False)),
+    ("saving idle slot to prompt cache", p.IdleSlotSaving(0)),
+    ("task 0 | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 1587", p.NewPrompt(1, 0, 1587)),
+    ("task 3 | cached n_tokens = 0,", p.CachedTokens(0, 3, 0)),
+    ("forcing full prompt re-processing", None),
+    ("task 2 | init sampler", p.PrefillFinished(0, 2)),
+    ("task 0 | prompt processing, n_tokens =   1517", p.PrefillProgress(1, 0, 1517)),
+    ("task 2 | prompt eval time =     533.55 ms /   232 tokens", p.PromptTiming(0, 2, 533.55, 232)),
+    ("task 2 |        eval time =     556.46 ms /    24 tokens", p.EvalTiming(0, 2, 556.46, 24, 24.19)),
+    ("task 2 | stop processing: n_tokens = 255, truncated = 0", p.TaskReleased(0, 2, 255, False)),
+    ("sampler chain:", p.Ignored()),
+    ("llama_model_loader: - kv   0", p.Ignored()),
+]
+
+
+@pytest.mark.parametrize("fragment,expected", CASES, ids=[c[0][:40] for c in CASES])
+def test_real_line_kinds(fragment, expected):
+    line = real_line(fragment)
+    parsed = p.parse_line(line)
+    assert parsed.ts_us is not None
+    if expected is None:
+        assert not isinstance(parsed.event, (p.Ignored, p.Unrecognized)), line
+    else:
+        assert parsed.event == expected, line
+
+
+def test_candidate_and_restore_keep_printed_values():
+    cand = p.parse_line(real_line("prompt with length     255, lcp")).event
+    assert isinstance(cand, p.CacheCandidate) and cand.n_tokens == 255
+    found = p.parse_line(real_line("found better prompt")).event
+    assert isinstance(found, p.CacheRestored) and found.f_keep.startswith("0.") or found.f_keep == "1.000"
+
+
+def test_timestamp_is_microseconds_since_start():
+    assert p.parse_line("1.23.135.796 I slot launch_slot_: id  2 | task 17 | processing task, is_child = 0").ts_us == (
+        60_000_000 + 23_000_000 + 135_000 + 796
+    )
+    # minutes are not wrapped: two hours and three minutes
+    assert p.parse_line("123.04.123.456 I srv  llama_server: initializing ...").ts_us == 123 * 60_000_000 + 4_123_456
+
+
+LAUNCH = "slot launch_slot_: id  2 | task 17 | processing task, is_child = 0"
+
+
+@pytest.mark.parametrize("line", [
+    "0.01.108.522 I " + LAUNCH,  # default
+    "I " + LAUNCH,  # --no-log-timestamps
+    LAUNCH,  # --no-log-prefix
+    "\x1b[34m0.01.108.522\x1b[0m \x1b[32mI \x1b[0m" + LAUNCH,  # colours (invented: rendered per log.cpp)
+    "[ 8081] 0.01.108.522 I " + LAUNCH,  # router prefix (invented: rendered per server-models.cpp)
+    json.dumps({"type": "log", "time": 68522, "level": "info", "msg": LAUNCH + "\n"}),
+], ids=["default", "no-timestamps", "no-prefix", "ansi", "router", "jsonl"])
+def test_envelopes(line):
+    assert p.parse_line(line).event == p.TaskLaunched(2, 17, False)
+
+
+def test_jsonl_real_record():
+    line = real_line("processing task", "lv4-np2-jsonl.log")
+    parsed = p.parse_line(line)
+    assert isinstance(parsed.event, p.TaskLaunched)
+    assert parsed.ts_us == json.loads(line)["time"]
+
+
+def test_multiline_continuation_is_ignored():
+    assert isinstance(p.parse_line("\trepeat_last_n = 64, repeat_penalty = 1.000").event, p.Ignored)
+    assert isinstance(p.parse_line("<|im_start|>user").event, p.Ignored)
+
+
+@pytest.mark.parametrize("line", [
+    "0.01.108.522 I slot launch_slot_: id  0 | task 3 | a message no build of ours prints",  # invented
+    "0.01.108.522 I slot launch_slot_: malformed slot line without ids",  # invented
+    '{"type":"log","time":',  # truncated JSONL record
+])
+def test_unknown_and_malformed_lines_are_unrecognized(line):
+    assert isinstance(p.parse_line(line).event, p.Unrecognized)
+
+
+def test_garbage_never_raises():
+    for line in ["", "\x00\xff", "{" * 10000, "0.00.000.000 I slot" + " " * 5000, "9" * 100_000]:
+        p.parse_line(line)
+
+
+def test_debug_lines_carry_no_text():
+    # invented: a DEBUG line as -lv 5 prints it, with request content
+    parsed = p.parse_line("0.02.000.000 D slot launch_slot_: id  0 | task 4 | launching slot : {\"prompt\":\"secret words\"}")
+    assert parsed.event == p.DebugLine()
+    assert "secret" not in repr(parsed)
+
+
+@pytest.mark.parametrize("log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log", "lv4-np1-seed-scenario.log"])
+def test_recorded_logs_have_no_unrecognized_lines(log):
+    results = [p.parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
+    assert not [r for r in results if isinstance(r.event, p.Unrecognized)]
+    assert sum(isinstance(r.event, p.TaskLaunched) for r in results) == sum(
+        1 for _ in (LOGS / log.replace(".log", ".truth.jsonl")).open()
+    ) if (LOGS / log.replace(".log", ".truth.jsonl")).exists() else True
