@@ -439,6 +439,7 @@ class Assembler:
         # exact intervals from the server's own timings, ending at this line
         decode_start = self._now - int(ev.ms * 1000)
         rec._decode_start_us = decode_start
+        rec._decode_end_us = self._now
         if rec.prefill_seconds is not None:
             prefill_start = decode_start - int(rec.prefill_seconds * 1_000_000)
             s = self._slot(ev.slot)
@@ -557,8 +558,8 @@ class Assembler:
                 and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
             )
         # overlap of other slots' prefills with this request's decoding
-        if rec._decode_start_us is not None and rec.end_us is not None and rec.decode_seconds:
-            rec.overlap_seconds = self._overlap(rec.slot, rec._decode_start_us, rec.end_us) / 1e6
+        if rec._decode_start_us is not None and rec._decode_end_us is not None and rec.decode_seconds:
+            rec.overlap_seconds = self._overlap(rec.slot, rec._decode_start_us, rec._decode_end_us) / 1e6
             frac = rec.overlap_seconds / rec.decode_seconds
             rec.contention = "prefill" if frac > st.contention_fraction else "none"
         self.sink.request(rec)

@@ -69,6 +69,7 @@ class RequestRecord:
     _prefill_start_us: int | None = field(default=None, repr=False)
     _prefill_end_us: int | None = field(default=None, repr=False)
     _decode_start_us: int | None = field(default=None, repr=False)
+    _decode_end_us: int | None = field(default=None, repr=False)
 
     def to_event(self) -> dict:
         """The events-file line: public fields only."""

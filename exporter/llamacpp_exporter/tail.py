@@ -147,22 +147,10 @@ class FileFollower:
         if self.fh is None and not self._open():
             return 0
         assert self.fh is not None
+        self._check_truncated()
         n = self._read_available()
         if n:
             return n
-        # at EOF: has the file been truncated, rewritten or replaced?
-        fd = self.fh.fileno()
-        try:
-            st = os.fstat(fd)
-        except OSError:
-            st = None
-        if st is not None and st.st_size < self.pos:
-            self._truncated()
-            return self._read_available()
-        if st is not None and len(self.head) and st.st_size >= len(self.head):
-            if os.pread(fd, len(self.head), 0) != self.head:
-                self._truncated()
-                return self._read_available()
         try:
             pst = os.stat(self.path)
         except FileNotFoundError:
@@ -179,6 +167,20 @@ class FileFollower:
             if self._open():
                 return self._read_available()
         return 0
+
+    def _check_truncated(self) -> None:
+        """Shorter than what we read (copytruncate), or rewritten from the start past our
+        offset (llama-server's --log-file after a restart): read it again from 0."""
+        assert self.fh is not None
+        fd = self.fh.fileno()
+        try:
+            size = os.fstat(fd).st_size
+        except OSError:
+            return
+        if size < self.pos:
+            self._truncated()
+        elif self.head and size >= len(self.head) and os.pread(fd, len(self.head), 0) != self.head:
+            self._truncated()
 
     def _truncated(self) -> None:
         assert self.fh is not None

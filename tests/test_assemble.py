@@ -1,0 +1,199 @@
+"""The assembler replaying recorded real logs, checked request by request against the
+responses' ground truth, and on the edge cases that a live stream brings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from llamacpp_exporter import parse as p
+from llamacpp_exporter.assemble import AssemblySettings, Assembler
+from llamacpp_exporter.pipeline import Pipeline
+from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def replay_records(lines, settings=None) -> tuple[list[RequestRecord], Pipeline]:
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), settings, on_record=recs.append, clock=lambda: 0.0)
+    for line in lines:
+        pl.process_line(line, 0.0)
+    pl.flush()
+    return recs, pl
+
+
+def log_lines(name: str) -> list[str]:
+    return (LOGS / name).read_text(errors="replace").splitlines()
+
+
+def truths(name: str) -> list[dict]:
+    return [json.loads(x) for x in (LOGS / name).read_text().splitlines()]
+
+
+def by_timings(recs: list[RequestRecord], t: dict) -> RequestRecord:
+    m = [r for r in recs if r.prefill_seconds is not None and r.decode_seconds is not None
+         and abs(r.prefill_seconds * 1000 - t["prompt_ms"]) <= 0.0051
+         and abs(r.decode_seconds * 1000 - t["predicted_ms"]) <= 0.0051]
+    assert len(m) == 1, t
+    return m[0]
+
+
+@pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl"])
+def test_lv4_every_request_matches_ground_truth(log):
+    recs, _ = replay_records(log_lines(log + ".log"))
+    tr = truths(log + ".truth.jsonl")
+    assert len(recs) == len(tr)
+    for t in tr:
+        r = by_timings(recs, t)
+        assert r.prompt_tokens == t["prompt_n"] + t["cache_n"]
+        assert r.reused_tokens == t["cache_n"]
+        assert r.prefill_tokens == t["prompt_n"]
+        assert r.generated_tokens == t["predicted_n"]
+        assert r.lora == "unknown"  # no /slots in a bare replay: never guessed
+
+
+def test_lv4_sample_shows_the_lora_discards_of_conv_1_2():
+    recs, _ = replay_records(log_lines("lv4-np2-text.log"))
+    tr = truths("lv4-np2-text.truth.jsonl")
+    conv12 = [by_timings(recs, t) for t in tr if t["conv"] == "conv-1-2"]
+    later = conv12[1:]
+    assert later and all(r.ram_restored and r.lora_cache_cleared for r in later)
+    # without the LoRA of the saving task the discard is reported, not classified
+    assert all(r.restore_result == "discarded_lora_unknown" for r in later)
+    assert all(r.reused_tokens == 0 for r in later)
+
+
+def test_lv3_prefill_and_decode_exact_reuse_unknown():
+    recs, pl = replay_records(log_lines("lv3-np2-text.log"))
+    tr = truths("lv3-np2-text.truth.jsonl")
+    for t in tr:
+        r = by_timings(recs, t)
+        assert r.prefill_tokens == t["prompt_n"]
+        assert r.generated_tokens == t["predicted_n"]
+        assert r.reused_tokens is None and r.prompt_tokens is None and r.outcome is None
+        assert r.restore_result is None
+    assert pl.metrics.diag_available._value.get() == 0
+
+
+def snapshot(slot: int, task: int, lora, processing=True, cache=None, processed=0, decoded=0) -> SlotsSnapshot:
+    return SlotsSnapshot((SlotState(slot, task, processing, None, processed, cache, decoded, lora),))
+
+
+def test_seed_scenario_with_slots_classifies_the_discard_as_wrongful():
+    """Replay the recorded seed scenario with the /slots answers the poller would have
+    delivered (tasks 0 and 12 sent lora scale 0.5, task 6 none)."""
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), on_record=recs.append, slots_polled=True, clock=lambda: 0.0)
+    pl.process_adapters(__import__("llamacpp_exporter.records", fromlist=["LoraAdapters"]).LoraAdapters(((0, 1.0),)))
+    lora = {0: ((0, 0.5),), 6: (), 12: ((0, 0.5),)}
+    for line in log_lines("lv4-np1-seed-scenario.log"):
+        pl.process_line(line, 0.0)
+        ev = p.parse_line(line).event
+        if isinstance(ev, p.TaskLaunched):
+            pl.process_snapshot(snapshot(0, ev.task, lora[ev.task]))
+    for _ in range(3):
+        pl.process_snapshot(snapshot(0, 12, lora[12], processing=False))
+    pl.flush()
+    assert [r.task for r in recs] == [0, 6, 12]
+    assert [r.lora for r in recs] == ["active", "none", "active"]
+    third = recs[2]
+    assert third.restore_result == "discarded_lora_wrongful"
+    assert third.restored_entry_lora_config == third.lora_config == "0:0.5"
+    assert recs[1].lora_config == "0:1"  # no lora field: the global list applies
+
+
+def test_restart_starts_a_new_epoch_and_joins_nothing_across_it():
+    lines = log_lines("lv4-np1-seed-scenario.log")
+    recs, pl = replay_records(lines + lines)
+    assert [r.epoch for r in recs] == [0, 0, 0, 1, 1, 1]
+    assert [r.task for r in recs] == [0, 6, 12, 0, 6, 12]
+    assert pl.metrics.restarts._value.get() == 1
+    assert recs[3].ram_restored is False  # the second process's cache starts empty
+
+
+def test_restart_without_timestamps_is_seen_by_the_initializing_line():
+    lines = [ln.split(" ", 2)[2] if ln[:1].isdigit() else ln for ln in log_lines("lv4-np1-seed-scenario.log")]
+    recs, pl = replay_records(lines + lines)
+    assert [r.epoch for r in recs] == [0, 0, 0, 1, 1, 1]
+
+
+def test_overlap_of_another_slots_prefill_with_decoding():
+    # From lv4-np2-text.log: task 2 (slot 0) decodes for 556.46 ms ending at 4.638258 s, all of
+    # it while task 0 on slot 1 prefills (1.108522 s until 6.625 s).
+    recs, _ = replay_records(log_lines("lv4-np2-text.log"))
+    r = next(r for r in recs if r.task == 2)
+    assert r.decode_seconds == pytest.approx(0.55646)
+    assert r.overlap_seconds == pytest.approx(0.55646, abs=2e-6)
+    assert r.contention == "prefill"
+    first = next(r for r in recs if r.task == 0)
+    assert first.overlap_seconds == 0 and first.contention == "none"
+
+
+def test_outcome_thresholds_are_configurable():
+    lines = log_lines("lv4-np2-text.log")
+    default, _ = replay_records(lines)
+    low, _ = replay_records(lines, AssemblySettings(min_prompt_tokens=100))
+    assert sum(r.outcome is not None for r in low) > sum(r.outcome is not None for r in default)
+    for r in low:
+        if r.outcome == "hit":
+            assert r.reused_tokens / r.prompt_tokens >= 0.9
+        elif r.outcome == "miss":
+            assert r.reused_tokens / r.prompt_tokens < 0.1 and r.miss_cause
+
+
+def test_small_task_takeover():
+    # invented lines, shaped like lv4 output: a 2-token probe selected by LCP on a slot that
+    # held a 1,500-token conversation (the seed's health probe)
+    lines = [
+        "0.00.000.100 I srv  llama_server: initializing ...",
+        "0.01.000.000 I slot launch_slot_: id  0 | task 1 | processing task, is_child = 0",
+        "0.01.000.100 I slot   operator(): id  0 | task 1 | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 1500",
+        "0.01.000.200 I slot   operator(): id  0 | task 1 | cached n_tokens = 0, memory_seq_rm [0, end)",
+        "0.05.000.000 I slot print_timing: id  0 | task 1 | prompt eval time =    3900.00 ms /  1500 tokens (    2.60 ms per token,   384.62 tokens per second)",
+        "0.05.000.001 I slot print_timing: id  0 | task 1 |        eval time =     100.00 ms /     5 tokens (   25.00 ms per token,    40.00 tokens per second)",
+        "0.05.000.002 I slot      release: id  0 | task 1 | stop processing: n_tokens = 1504, truncated = 0",
+        "0.06.000.000 I slot get_availabl: id  0 | task -1 | selected slot by LCP similarity, f_sim_best = 0.500 (> 0.100 thold), f_keep = 0.001",
+        "0.06.000.001 I slot launch_slot_: id  0 | task 4 | processing task, is_child = 0",
+        "0.06.000.002 I slot   operator(): id  0 | task 4 | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 2",
+        "0.06.000.003 I slot   operator(): id  0 | task 4 | cached n_tokens = 1, memory_seq_rm [1, end)",
+        "0.06.010.000 I slot print_timing: id  0 | task 4 | prompt eval time =       5.00 ms /     1 tokens (    5.00 ms per token,   200.00 tokens per second)",
+        "0.06.010.001 I slot print_timing: id  0 | task 4 |        eval time =       5.00 ms /     1 tokens (    0.00 ms per token,     0.00 tokens per second)",
+        "0.06.010.002 I slot      release: id  0 | task 4 | stop processing: n_tokens = 2, truncated = 0",
+    ]
+    recs, pl = replay_records(lines)
+    assert [r.small_task_takeover for r in recs] == [False, True]
+    assert recs[1].path == "slot" and recs[1].slot_tokens_before == 1504
+    assert recs[1].time_per_output_token_seconds is None  # one generated token: no per-token time
+    assert pl.metrics.takeovers._value.get() == 1
+
+
+def test_lora_unknown_when_slots_never_showed_the_task():
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), on_record=recs.append, slots_polled=True, clock=lambda: 0.0)
+    for line in log_lines("lv4-np1-seed-scenario.log"):
+        pl.process_line(line, 0.0)
+    assert recs == []  # waiting for /slots
+    for _ in range(3):  # polls after the releases that show other tasks
+        pl.process_snapshot(snapshot(0, 99, ((0, 0.5),), processing=False))
+    assert [r.lora for r in recs] == ["unknown"] * 3
+
+
+def test_state_is_bounded_under_endless_tasks():
+    a = Assembler(sink=_NullSink())
+    for task in range(20000):
+        for line in (
+            f"0.00.{task % 60:02d}.000 I slot launch_slot_: id  {task % 4} | task {task} | processing task, is_child = 0",
+            f"0.00.{task % 60:02d}.001 I slot      release: id  {task % 4} | task {task} | stop processing: n_tokens = 5, truncated = 0",
+        ):
+            a.feed(p.parse_line(line), 0)
+    assert len(a._pending) <= 256
+    assert all(len(s.prefills or []) <= 32 for s in a._slots.values())
+
+
+class _NullSink:
+    def __getattr__(self, name):
+        return lambda *args, **kw: None

@@ -1,0 +1,173 @@
+"""The log sources on real files, a real pipe and a real command: rotation, copytruncate,
+llama-server's truncate-on-restart, a file that appears later, partial and oversized lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from llamacpp_exporter.tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_stream
+
+
+class Collect:
+    def __init__(self, max_line_bytes: int = 1 << 20) -> None:
+        self.lines: list[str] = []
+        self.oversized = 0
+        self.splitter = LineSplitter(self.lines.append, self._over, max_line_bytes)
+
+    def _over(self) -> None:
+        self.oversized += 1
+
+
+def follower(path: Path, c: Collect, from_start: bool = False) -> tuple[FileFollower, SourceStats]:
+    stats = SourceStats()
+    return FileFollower(str(path), c.splitter, stats, from_start=from_start), stats
+
+
+def append(path: Path, text: str) -> None:
+    with open(path, "a") as fh:
+        fh.write(text)
+
+
+def test_starts_at_end_by_default_and_from_start_on_request(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_text("old 1\nold 2\n")
+    c = Collect()
+    fol, _ = follower(f, c)
+    fol.poll_once()
+    append(f, "new\n")
+    fol.poll_once()
+    assert c.lines == ["new"]
+    c2 = Collect()
+    fol2, _ = follower(f, c2, from_start=True)
+    fol2.poll_once()
+    assert c2.lines == ["old 1", "old 2", "new"]
+
+
+def test_partial_last_line_waits_for_its_newline(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_text("")
+    c = Collect()
+    fol, _ = follower(f, c)
+    fol.poll_once()
+    append(f, "0.01.000.000 I slot launch_sl")
+    fol.poll_once()
+    assert c.lines == []
+    append(f, "ot_: id  0 | task 1 | processing task, is_child = 0\n")
+    fol.poll_once()
+    assert c.lines == ["0.01.000.000 I slot launch_slot_: id  0 | task 1 | processing task, is_child = 0"]
+
+
+def test_rename_rotation_reads_the_rest_of_the_old_file_then_the_new(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_text("")
+    c = Collect()
+    fol, stats = follower(f, c)
+    fol.poll_once()
+    append(f, "a\n")
+    fol.poll_once()
+    append(f, "b\n")  # written after our last read, before the rotation
+    f.rename(tmp_path / "s.log.1")
+    fol.poll_once()  # old file still open, new one not there yet
+    f.write_text("c\n")
+    fol.poll_once()
+    fol.poll_once()
+    assert c.lines == ["a", "b", "c"]
+    assert stats.rotations == 1
+
+
+def test_copytruncate(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_text("")
+    c = Collect()
+    fol, stats = follower(f, c)
+    fol.poll_once()
+    append(f, "a\nb\n")
+    fol.poll_once()
+    with open(f, "r+") as fh:
+        fh.truncate(0)
+    append(f, "c\n")
+    fol.poll_once()
+    fol.poll_once()
+    assert c.lines == ["a", "b", "c"]
+    assert stats.truncations == 1
+
+
+def test_truncation_and_rewrite_past_the_old_offset_is_detected(tmp_path):
+    # llama-server --log-file opens with "w" at every start; by the next poll the new
+    # process may have written more than we had read of the old one.
+    f = tmp_path / "s.log"
+    f.write_text("0.00.003.331 I srv  llama_server: initializing ...\n")
+    c = Collect()
+    fol, stats = follower(f, c, from_start=True)
+    fol.poll_once()
+    f.write_text("0.00.002.981 I srv  llama_server: initializing ...\n" + "0.00.010.000 I srv  line\n" * 5)
+    fol.poll_once()
+    fol.poll_once()
+    assert stats.truncations == 1
+    assert c.lines[1] == "0.00.002.981 I srv  llama_server: initializing ..."
+    assert len(c.lines) == 7
+
+
+def test_file_that_does_not_exist_yet_is_read_from_its_start(tmp_path):
+    f = tmp_path / "later.log"
+    c = Collect()
+    fol, _ = follower(f, c)
+    assert fol.poll_once() == 0
+    f.write_text("first\n")
+    fol.poll_once()
+    assert c.lines == ["first"]
+
+
+def test_oversized_line_is_dropped_and_counted_the_next_line_survives(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_text("")
+    c = Collect(max_line_bytes=1024)
+    fol, _ = follower(f, c)
+    fol.poll_once()
+    append(f, "x" * 5000)
+    fol.poll_once()
+    append(f, "y" * 100 + "\nok\n")
+    fol.poll_once()
+    assert c.lines == ["ok"] and c.oversized == 1
+
+
+def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_bytes(b"")
+    c = Collect()
+    fol, _ = follower(f, c)
+    fol.poll_once()
+    with open(f, "ab") as fh:
+        fh.write(b"bad \xff\xfe bytes\n")
+    fol.poll_once()
+    assert c.lines == ["bad \ufffd\ufffd bytes"]
+
+
+def test_stdin_stream():
+    proc = subprocess.Popen([sys.executable, "-c", "print('one'); print('two', end='')"], stdout=subprocess.PIPE)
+    c = Collect()
+    follow_stream(proc.stdout, c.splitter, threading.Event())
+    proc.wait()
+    assert c.lines == ["one", "two"]
+
+
+def test_command_is_followed_and_restarted(tmp_path):
+    marker = tmp_path / "runs"
+    cmd = f"echo run >> {marker}; echo line-$(wc -l < {marker}); echo err 1>&2"
+    c = Collect()
+    stats = SourceStats()
+    stop = threading.Event()
+    t = threading.Thread(target=follow_command, args=(cmd, c.splitter, stats, stop), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10
+    while stats.command_restarts < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stop.set()
+    t.join(5)
+    assert c.lines[:3] == ["line-1", "err", "line-2"]
+    assert stats.command_restarts >= 2
