@@ -1,0 +1,65 @@
+"""Golden-file tests of the /metrics exposition for recorded logs, linted by promtool.
+
+`pytest --update-golden` rewrites tests/golden/*.prom; review the diff before committing.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
+from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from llamacpp_exporter.pipeline import replay
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+GOLDEN = Path(__file__).parent / "golden"
+disable_created_metrics()
+
+
+def exposition(log: str, openmetrics: bool = False) -> str:
+    reg = CollectorRegistry()
+    replay(str(LOGS / log), reg, now=1_800_000_000.0)
+    return (generate_openmetrics if openmetrics else generate_latest)(reg).decode()
+
+
+def check_golden(name: str, text: str, update: bool) -> None:
+    path = GOLDEN / name
+    if update or not path.exists():
+        if not update:
+            pytest.fail(f"{path} is missing; run pytest --update-golden and review it")
+        path.write_text(text)
+    assert text == path.read_text(), f"exposition differs from {path}; run pytest --update-golden and review the diff"
+
+
+LOG_NAMES = ["lv4-np1-seed-scenario", "lv4-np2-text", "lv4-np2-jsonl", "lv3-np2-text"]
+
+
+@pytest.mark.parametrize("log", LOG_NAMES)
+def test_exposition_golden(log, update_golden):
+    check_golden(f"{log}.prom", exposition(f"{log}.log"), update_golden)
+
+
+def test_openmetrics_exposition_carries_exemplars(update_golden):
+    # exemplar timestamps are the wall clock of the observation: masked for the comparison
+    text = re.sub(r"(# \{[^}]*\} \S+) \d+(\.\d+)?$", r"\1 <ts>", exposition("lv4-np2-text.log", openmetrics=True),
+                  flags=re.M)
+    check_golden("lv4-np2-text.openmetrics.txt", text, update_golden)
+    assert '# {slot="0",task="2"}' in text  # histograms point at the very request
+
+
+def promtool() -> str:
+    path = shutil.which("promtool")
+    assert path, "promtool is missing: the test set-up installs Debian's prometheus package"
+    return path
+
+
+@pytest.mark.parametrize("log", LOG_NAMES)
+def test_exposition_passes_promtool_check_metrics(log):
+    res = subprocess.run([promtool(), "check", "metrics"], input=exposition(f"{log}.log"),
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
