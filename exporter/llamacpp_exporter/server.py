@@ -82,6 +82,8 @@ def rename_server_metrics(text: str) -> list[Metric]:
     not end in ``_total`` (``n_tokens_max``, a high-water mark) is re-typed gauge.
     """
     out = []
+    # the client parser appends _total to counter samples that lack it: note the real names
+    raw_names = {ln.split("{", 1)[0].split(" ", 1)[0] for ln in text.splitlines() if ln and ln[0] != "#"}
     for fam in text_string_to_metric_families(text):
         name = fam.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_")
         typ = fam.type
@@ -89,9 +91,9 @@ def rename_server_metrics(text: str) -> list[Metric]:
             Sample(s.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_"), s.labels, s.value)
             for s in fam.samples
         ]
-        if typ == "counter" and samples and not samples[0].name.endswith("_total"):
+        if typ == "counter" and fam.name in raw_names:
             typ = "gauge"
-            name = samples[0].name
+            samples = [Sample(name, s.labels, s.value) for s in samples]
         if typ not in ("counter", "gauge"):
             typ = "untyped"
         m = Metric(name, fam.documentation or name, typ)

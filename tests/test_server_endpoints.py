@@ -1,0 +1,167 @@
+"""llama-server's endpoints: the pure parsers on recorded answers, and the poller and the
+exporter against servers that are down, slow, unauthorised or answer garbage."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
+
+from llamacpp_exporter.metrics import ExporterMetrics
+from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
+from realserver import ExporterProcess, free_port
+
+FIX = Path(__file__).parent / "fixtures" / "server"
+
+
+def test_parse_slots_recorded():
+    snap = parse_slots(json.loads((FIX / "slots.json").read_text()))
+    assert [(s.id, s.id_task, s.lora) for s in snap.slots] == [(0, 563, ((0, 0.5),)), (1, 612, ())]
+    assert not snap.slots[0].is_processing and snap.slots[0].n_decoded == 0
+
+
+def test_parse_slots_ignores_text_and_odd_elements():
+    obj = [{"id": 0, "prompt": "secret", "generated": "secret", "params": {"lora": [{"id": "x"}]}}, "junk", {"no": "id"}]
+    snap = parse_slots(obj)
+    assert len(snap.slots) == 1 and "secret" not in repr(snap)
+    with pytest.raises(ValueError):
+        parse_slots({"error": "nope"})
+
+
+def test_parse_lora_adapters():
+    assert parse_lora_adapters([{"id": 0, "path": "/m/a.gguf", "scale": 1.0}]).scales == ((0, 1.0),)
+
+
+class _Families(Collector):
+    def __init__(self, fams):
+        self.fams = fams
+
+    def collect(self):
+        return self.fams
+
+
+def test_rename_server_metrics_recorded_and_promtool_clean():
+    fams = rename_server_metrics((FIX / "metrics.txt").read_text())
+    names = {s.name for f in fams for s in f.samples}
+    assert "llamacpp_server_prompt_tokens_cached_total" in names
+    assert not any(":" in n for n in names)
+    types = {f.name: f.type for f in fams}
+    assert types["llamacpp_server_n_tokens_max"] == "gauge"  # declared counter, a high-water mark
+    reg = CollectorRegistry()
+    reg.register(_Families(fams))
+    text = generate_latest(reg).decode()
+    assert "llamacpp_server_prompt_tokens_cached_total 14519.0" in text
+    promtool = shutil.which("promtool")
+    assert promtool
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+class FakeBehaviour:
+    delay = 0.0
+    status = 200
+    slots_body = b"[]"
+
+
+def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
+    """A real HTTP server standing in for a misbehaving llama-server (bad-input tests only)."""
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            time.sleep(behaviour.delay)
+            body = {"/slots": behaviour.slots_body, "/metrics": (FIX / "metrics.txt").read_bytes(),
+                    "/health": b'{"status":"ok"}', "/lora-adapters": b"[]"}.get(self.path, b"{}")
+            self.send_response(behaviour.status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}"
+
+
+def poller_for(url: str, timeout: float = 0.3):
+    reg = CollectorRegistry()
+    m = ExporterMetrics(reg)
+    got = []
+    return ServerPoller(url, api_key=None, timeout=timeout, interval=1, poll_slots=True, poll_metrics=True,
+                        metrics=m, on_snapshot=got.append, on_adapters=got.append), reg, got
+
+
+def test_poller_dead_server_sets_up_zero_and_counts_errors():
+    poller, reg, got = poller_for(f"http://127.0.0.1:{free_port()}")
+    poller.poll_all_once()
+    assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 0
+    assert reg.get_sample_value("llamacpp_exporter_scrape_errors_total", {"endpoint": "slots"}) == 1
+    assert got == [] and poller.collect_server_families() == []
+
+
+def test_poller_garbage_and_errors_are_counted_not_raised():
+    class B(FakeBehaviour):
+        slots_body = b"not json"
+
+    srv, url = serve(B)
+    try:
+        poller, reg, got = poller_for(url)
+        poller.poll_all_once()
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "metrics"}) == 1
+        assert reg.get_sample_value("llamacpp_exporter_scrape_errors_total", {"endpoint": "slots"}) == 1
+        B.status = 401
+        poller.poll_all_once()
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "slots"}) == 0
+    finally:
+        srv.shutdown()
+
+
+def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
+    class B(FakeBehaviour):
+        delay = 5.0
+
+    srv, url = serve(B)
+    exp = ExporterProcess(["--llama.url", url, "--llama.timeout", "1", "--llama.poll-interval", "0.2"], tmp_path).start()
+    try:
+        for _ in range(5):
+            t0 = time.monotonic()
+            r = httpx.get(exp.url + "/metrics", timeout=10)
+            assert r.status_code == 200 and time.monotonic() - t0 < 0.5
+            time.sleep(0.3)
+        assert "llamacpp_requests_total" in r.text
+    finally:
+        exp.stop()
+        srv.shutdown()
+
+
+def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path):
+    exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.poll-interval", "0.2"], tmp_path).start()
+    try:
+        deadline = time.monotonic() + 5
+        text = ""
+        while time.monotonic() < deadline and 'llamacpp_up{endpoint="health"} 0.0' not in text:
+            text = exp.metrics_text()
+            time.sleep(0.1)
+        assert 'llamacpp_up{endpoint="health"} 0.0' in text
+        assert "/metrics" in httpx.get(exp.url + "/").text
+        assert httpx.get(exp.url + "/nope").status_code == 404
+        om = httpx.get(exp.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        assert om.headers["content-type"].startswith("application/openmetrics-text")
+    finally:
+        exp.stop()
+    log = exp.stderr_path.read_text()
+    assert "ConnectError" in log and "Traceback" not in log
