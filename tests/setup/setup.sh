@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything the tests and the demo need, on a fresh Debian machine, idempotent:
+# Debian packages (promtool, a C++ toolchain), the Python environment (.venv), the
+# llama-server build (cached under ~/.cache/llamacpp-exporter, about 5 minutes the first
+# time), the model and the LoRA adapter.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CACHE="${LLAMACPP_EXPORTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamacpp-exporter}"
+export LLAMACPP_EXPORTER_CACHE="$CACHE"
+SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v cmake >/dev/null || missing+=(cmake)
+command -v g++ >/dev/null || missing+=(g++)
+command -v make >/dev/null || missing+=(make)
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+PY="${PYTHON:-python3}"
+if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
+  echo "setup: creating $ROOT/.venv" >&2
+  "$PY" -m venv "$ROOT/.venv"
+fi
+"$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
+
+PYTHON="$ROOT/.venv/bin/python" bash "$ROOT/tests/setup/build_llama_server.sh" >/dev/null
+"$ROOT/.venv/bin/python" "$ROOT/tests/setup/make_model.py" "$CACHE/models" >/dev/null
+echo "setup: ready (llama-server, model and adapter cached in $CACHE)" >&2

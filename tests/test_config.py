@@ -1,0 +1,79 @@
+"""Strict configuration and the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamacpp_exporter.cli import build_parser, config_from_args
+from llamacpp_exporter.config import ConfigError, load_file, read_api_key, validate
+
+CONF = Path(__file__).parent / "fixtures" / "config"
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "llamacpp_exporter", *args], capture_output=True, text=True,
+                          env=env, timeout=30)
+
+
+def test_good_file():
+    cfg = validate(load_file(str(CONF / "good.yaml")))
+    assert cfg.llama.timeout_seconds == 1.5 and cfg.cache.min_prompt_tokens == 2048
+    assert cfg.cache.miss_ratio == 0.1  # default kept
+
+
+@pytest.mark.parametrize("name,message", [
+    ("bad-unknown-key", "unknown key llama.tiemout_seconds"),
+    ("bad-url", "llama.url"),
+    ("bad-type", "cache.min_prompt_tokens: expected an integer"),
+    ("bad-two-sources", "exclusive"),
+    ("bad-thresholds", "miss_ratio <= hit_ratio"),
+    ("bad-yaml", "not valid YAML"),
+])
+def test_bad_files_name_the_problem(name, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        validate(load_file(str(CONF / f"{name}.yaml")))
+
+
+def test_flags_override_the_file():
+    args = build_parser().parse_args(["--config.file", str(CONF / "good.yaml"), "--llama.url", "http://10.0.0.1:9",
+                                      "--cache.min-prompt-tokens", "10"])
+    cfg = config_from_args(args)
+    assert cfg.llama.url == "http://10.0.0.1:9" and cfg.cache.min_prompt_tokens == 10
+    assert cfg.llama.timeout_seconds == 1.5
+
+
+def test_config_check_exit_codes():
+    ok = cli("--config.check", "--config.file", str(CONF / "good.yaml"))
+    assert ok.returncode == 0 and "valid" in ok.stdout
+    bad = cli("--config.check", "--config.file", str(CONF / "bad-unknown-key.yaml"))
+    assert bad.returncode == 1 and "tiemout_seconds" in bad.stderr
+    assert cli("--config.check", "--web.listen-address", "nonsense").returncode == 1
+
+
+def test_help_lists_every_setting():
+    out = cli("--help").stdout
+    for flag in ("--llama.url", "--log.path", "--log.command", "--log.from-start", "--web.listen-address",
+                 "--config.file", "--config.check", "--events.path", "--llama.api-key-file", "-lv 4"):
+        assert flag in out
+
+
+def test_api_key_from_file_or_env_never_printed(tmp_path):
+    key = tmp_path / "key"
+    key.write_text("# comment\ns3cr3t-key\n")
+    args = build_parser().parse_args(["--llama.api-key-file", str(key)])
+    assert read_api_key(config_from_args(args).llama) == "s3cr3t-key"
+    args = build_parser().parse_args(["--llama.api-key-env", "MY_KEY"])
+    import os
+    os.environ["MY_KEY"] = "from-env"
+    try:
+        assert read_api_key(config_from_args(args).llama) == "from-env"
+    finally:
+        del os.environ["MY_KEY"]
+    res = cli("--config.check", "--llama.api-key-file", str(key))
+    assert "s3cr3t" not in res.stdout + res.stderr
+    missing = cli("--config.check", "--llama.api-key-file", str(tmp_path / "nope"))
+    assert missing.returncode == 1 and "api_key_file" in missing.stderr
