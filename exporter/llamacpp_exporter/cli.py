@@ -23,7 +23,6 @@ def build_parser() -> argparse.ArgumentParser:
             "/metrics and /health, assembles one record per request and serves metrics. "
             "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     a = p.add_argument
     a("--config.file", dest="config_file", metavar="FILE", default=None,
@@ -61,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--cache.min-prompt-tokens", dest="min_prompt_tokens", type=int, metavar="N", default=None,
       help="smallest prompt counted in llamacpp_prompt_cache_outcomes_total (default 1024)")
     a("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"],
-      help="the exporter's own log level")
+      help="the exporter's own log level (default info)")
     a("--version", action="version", version=f"llamacpp-exporter {__version__}")
     return p
 
