@@ -171,3 +171,49 @@ def test_command_is_followed_and_restarted(tmp_path):
     t.join(5)
     assert c.lines[:3] == ["line-1", "err", "line-2"]
     assert stats.command_restarts >= 2
+
+
+def _run_exporter_on(source_args: list[str], stdin_bytes: bytes | None, tmp_path: Path) -> str:
+    import httpx
+
+    from realserver import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+         "--llama.url", f"http://127.0.0.1:{free_port()}", "--no-llama.slots", *source_args],
+        stdin=subprocess.PIPE if stdin_bytes is not None else subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        if stdin_bytes is not None:
+            assert proc.stdin is not None
+            proc.stdin.write(stdin_bytes)
+            proc.stdin.close()
+        deadline = time.monotonic() + 15
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+                if 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        return text
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
+
+
+def test_exporter_reads_standard_input(tmp_path):
+    text = _run_exporter_on(["--log.path", "-"], LOG.read_bytes(), tmp_path)
+    assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
+
+
+def test_exporter_follows_a_command(tmp_path):
+    text = _run_exporter_on(["--log.command", f"cat {LOG}; sleep 60"], None, tmp_path)
+    assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text

@@ -207,6 +207,8 @@ class Exporter:
         for t in self.threads:
             if t.name == "pipeline":
                 t.join(timeout=10)
+            elif t.name == "log-source":
+                t.join(timeout=1)  # lets a --log.command child be stopped with us
         self.poller.close()
 
 

@@ -270,6 +270,8 @@ class Assembler:
     def _on_verbosity(self, ev: p.Verbosity) -> None:
         self.verbosity = ev.level
         self._set_diag(ev.level >= 4)
+        if ev.level >= 5:
+            self._on_debug(p.DebugLine())
 
     def _on_debug(self, ev: p.DebugLine) -> None:
         if not self._debug_warned:
