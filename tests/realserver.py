@@ -51,6 +51,7 @@ class LlamaServer:
     cache_ram: int = 512
     verbosity: int = 4
     jsonl: bool = False
+    log_file: bool = False  # True: llama-server writes the log itself (--log-file, truncated at each start)
     extra: list[str] = field(default_factory=list)
     port: int = 0
     proc: subprocess.Popen | None = None
@@ -72,8 +73,10 @@ class LlamaServer:
         if self.jsonl:
             cmd.append("--log-jsonl")  # JSON lines go to stdout, captured below
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # the log the exporter follows is the server's own console output, as in production
-        out = open(self.log_path, "ab")
+        if self.log_file:
+            cmd += ["--log-file", str(self.log_path)]
+        # otherwise the log the exporter follows is the server's console output, as under systemd
+        out = open(self.workdir / "llama-server.console" if self.log_file else self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         out.close()
         deadline = time.monotonic() + timeout

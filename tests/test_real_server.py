@@ -239,3 +239,33 @@ def test_jsonl_log_format(parts, tmp_path):
     lines = samples(text, "llamacpp_exporter_log_lines_total")
     assert lines[(("result", "unrecognized"),)] == 0
     assert_no_text(tmp_path, text)
+
+
+def test_server_restart_with_log_file_truncation_starts_a_new_epoch(parts, tmp_path):
+    """llama-server's --log-file is truncated at every start: the exporter, following it from
+    its end, reads the new process's log from the start and joins nothing across the restart."""
+    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=1, ctx=4096, cache_ram=256, log_file=True).start()
+    exp = None
+    try:
+        exp = ExporterProcess(["--llama.url", srv.url, "--log.path", str(srv.log_path),
+                               "--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
+                              tmp_path).start()
+        first = seed_scenario(srv.url)
+        wait_records(tmp_path / "events.jsonl", 3)
+        srv.stop()
+        srv.start()
+        second = seed_scenario(srv.url)
+        recs = wait_records(tmp_path / "events.jsonl", 6)
+        text = exp.metrics_text()
+    finally:
+        if exp:
+            exp.stop()
+        srv.stop()
+    assert [r["epoch"] for r in recs] == [0, 0, 0, 1, 1, 1]
+    assert recs[3]["task"] < recs[2]["task"]  # task ids restart with the process
+    for t, r in match(recs[3:], second):
+        assert r["prompt_tokens"] == t.prompt_n + t.cache_n and r["reused_tokens"] == t.cache_n
+    assert len(first) == 3
+    assert samples(text, "llamacpp_exporter_server_restarts_total")[()] == 1
+    assert samples(text, "llamacpp_exporter_log_truncations_total")[()] >= 1
+    assert recs[5]["restore_result"] == "discarded_lora_wrongful"
