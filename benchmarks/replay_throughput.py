@@ -10,9 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry
-
 from llamacpp_exporter.pipeline import Pipeline
+from prometheus_client import CollectorRegistry
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "logs"
 

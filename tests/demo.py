@@ -17,9 +17,13 @@ from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_
 from workload import chat_workload
 
 KEY_METRICS = (
-    "llamacpp_requests_total", "llamacpp_prompt_cache_restores_total", "llamacpp_prompt_cache_outcomes_total",
-    "llamacpp_prompt_cache_lora_mismatch_reuse_total", "llamacpp_prompt_cache_entries",
-    "llamacpp_prompt_cache_bytes", "llamacpp_exporter_cache_diagnostics_available",
+    "llamacpp_requests_total",
+    "llamacpp_prompt_cache_restores_total",
+    "llamacpp_prompt_cache_outcomes_total",
+    "llamacpp_prompt_cache_lora_mismatch_reuse_total",
+    "llamacpp_prompt_cache_entries",
+    "llamacpp_prompt_cache_bytes",
+    "llamacpp_exporter_cache_diagnostics_available",
 )
 
 
@@ -32,8 +36,18 @@ def main() -> None:
     binary = llama_server_binary()
     model, lora = model_files()
     srv = LlamaServer(binary, model, lora, work).start()
-    exp = ExporterProcess(["--llama.url", srv.url, "--log.path", str(srv.log_path), "--log.from-start",
-                           "--events.path", str(work / "events.jsonl")], work).start()
+    exp = ExporterProcess(
+        [
+            "--llama.url",
+            srv.url,
+            "--log.path",
+            str(srv.log_path),
+            "--log.from-start",
+            "--events.path",
+            str(work / "events.jsonl"),
+        ],
+        work,
+    ).start()
     print(f"llama-server {srv.url} (log {srv.log_path}), exporter {exp.url}/metrics")
     try:
         print("running 6 concurrent conversations, even ones with the LoRA adapter ...")
@@ -44,13 +58,17 @@ def main() -> None:
         while time.monotonic() < deadline and len(recs) < len(truths):
             time.sleep(0.5)
             recs = [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
-        print(f"\n{'task':>5} {'slot':>4} {'path':>6} {'lora':>7} {'prompt':>6} {'reused':>6} "
-              f"{'restore':>24} {'prefill s':>9} {'ms/token':>8} {'overlap s':>9}")
+        print(
+            f"\n{'task':>5} {'slot':>4} {'path':>6} {'lora':>7} {'prompt':>6} {'reused':>6} "
+            f"{'restore':>24} {'prefill s':>9} {'ms/token':>8} {'overlap s':>9}"
+        )
         for r in recs:
             tpot = r["time_per_output_token_seconds"]
-            print(f"{r['task']:>5} {r['slot']:>4} {r['path']:>6} {r['lora']:>7} {r['prompt_tokens']!s:>6} "
-                  f"{r['reused_tokens']!s:>6} {r['restore_result'] or '-':>24} {r['prefill_seconds'] or 0:>9.3f} "
-                  f"{(tpot or 0) * 1000:>8.1f} {r['overlap_seconds']:>9.3f}")
+            print(
+                f"{r['task']:>5} {r['slot']:>4} {r['path']:>6} {r['lora']:>7} {r['prompt_tokens']!s:>6} "
+                f"{r['reused_tokens']!s:>6} {r['restore_result'] or '-':>24} {r['prefill_seconds'] or 0:>9.3f} "
+                f"{(tpot or 0) * 1000:>8.1f} {r['overlap_seconds']:>9.3f}"
+            )
         print("\nkey metrics (non-zero):")
         for line in exp.metrics_text().splitlines():
             if line.startswith(KEY_METRICS) and not line.endswith(" 0.0"):

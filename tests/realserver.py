@@ -17,8 +17,11 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-CACHE = Path(os.environ.get("LLAMACPP_EXPORTER_CACHE",
-                            Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llamacpp-exporter"))
+CACHE = Path(
+    os.environ.get(
+        "LLAMACPP_EXPORTER_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llamacpp-exporter"
+    )
+)
 MODELS = CACHE / "models"
 
 
@@ -29,14 +32,23 @@ def free_port() -> int:
 
 
 def llama_server_binary() -> Path:
-    out = subprocess.run(["bash", str(ROOT / "tests/setup/build_llama_server.sh")],
-                         check=True, stdout=subprocess.PIPE, text=True).stdout.strip().splitlines()[-1]
+    out = (
+        subprocess.run(
+            ["bash", str(ROOT / "tests/setup/build_llama_server.sh")], check=True, stdout=subprocess.PIPE, text=True
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     return Path(out)
 
 
 def model_files() -> tuple[Path, Path]:
-    out = subprocess.run([sys.executable, str(ROOT / "tests/setup/make_model.py"), str(MODELS)],
-                         check=True, stdout=subprocess.PIPE, text=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests/setup/make_model.py"), str(MODELS)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout.split()
     return Path(out[0]), Path(out[1])
 
 
@@ -64,12 +76,36 @@ class LlamaServer:
     def log_path(self) -> Path:
         return self.workdir / "llama-server.log"
 
-    def start(self, timeout: float = 60.0) -> "LlamaServer":
+    def start(self, timeout: float = 60.0) -> LlamaServer:
         self.port = self.port or free_port()
-        cmd = [str(self.binary), "-m", str(self.model), "--lora", str(self.lora), "--lora-init-without-apply",
-               "-np", str(self.n_parallel), "-c", str(self.ctx), "--cache-ram", str(self.cache_ram),
-               "--metrics", "-t", "2", "-lv", str(self.verbosity), "--temp", "0",
-               "--host", "127.0.0.1", "--port", str(self.port), "--log-colors", "off", *self.extra]
+        cmd = [
+            str(self.binary),
+            "-m",
+            str(self.model),
+            "--lora",
+            str(self.lora),
+            "--lora-init-without-apply",
+            "-np",
+            str(self.n_parallel),
+            "-c",
+            str(self.ctx),
+            "--cache-ram",
+            str(self.cache_ram),
+            "--metrics",
+            "-t",
+            "2",
+            "-lv",
+            str(self.verbosity),
+            "--temp",
+            "0",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--log-colors",
+            "off",
+            *self.extra,
+        ]
         if self.jsonl:
             cmd.append("--log-jsonl")  # JSON lines go to stdout, captured below
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -119,13 +155,15 @@ class ExporterProcess:
     def stderr_path(self) -> Path:
         return self.workdir / "exporter.stderr"
 
-    def start(self) -> "ExporterProcess":
+    def start(self) -> ExporterProcess:
         self.port = self.port or free_port()
         self.workdir.mkdir(parents=True, exist_ok=True)
         err = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{self.port}", *self.args],
-            stdout=err, stderr=err, stdin=subprocess.DEVNULL,
+            stdout=err,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
         )
         err.close()
         deadline = time.monotonic() + 20

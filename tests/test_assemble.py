@@ -7,12 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
-
 from llamacpp_exporter import parse as p
-from llamacpp_exporter.assemble import AssemblySettings, Assembler
+from llamacpp_exporter.assemble import Assembler, AssemblySettings
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
+from prometheus_client import CollectorRegistry
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
@@ -35,9 +34,14 @@ def truths(name: str) -> list[dict]:
 
 
 def by_timings(recs: list[RequestRecord], t: dict) -> RequestRecord:
-    m = [r for r in recs if r.prefill_seconds is not None and r.decode_seconds is not None
-         and abs(r.prefill_seconds * 1000 - t["prompt_ms"]) <= 0.0051
-         and abs(r.decode_seconds * 1000 - t["predicted_ms"]) <= 0.0051]
+    m = [
+        r
+        for r in recs
+        if r.prefill_seconds is not None
+        and r.decode_seconds is not None
+        and abs(r.prefill_seconds * 1000 - t["prompt_ms"]) <= 0.0051
+        and abs(r.decode_seconds * 1000 - t["predicted_ms"]) <= 0.0051
+    ]
     assert len(m) == 1, t
     return m[0]
 

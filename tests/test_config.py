@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from llamacpp_exporter.cli import build_parser, config_from_args
 from llamacpp_exporter.config import ConfigError, load_file, read_api_key, validate
 
@@ -15,8 +14,9 @@ CONF = Path(__file__).parent / "fixtures" / "config"
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llamacpp_exporter", *args], capture_output=True, text=True,
-                          env=env, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", *args], capture_output=True, text=True, env=env, timeout=30
+    )
 
 
 def test_good_file():
@@ -25,22 +25,33 @@ def test_good_file():
     assert cfg.cache.miss_ratio == 0.1  # default kept
 
 
-@pytest.mark.parametrize("name,message", [
-    ("bad-unknown-key", "unknown key llama.tiemout_seconds"),
-    ("bad-url", "llama.url"),
-    ("bad-type", "cache.min_prompt_tokens: expected an integer"),
-    ("bad-two-sources", "exclusive"),
-    ("bad-thresholds", "miss_ratio <= hit_ratio"),
-    ("bad-yaml", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "name,message",
+    [
+        ("bad-unknown-key", "unknown key llama.tiemout_seconds"),
+        ("bad-url", "llama.url"),
+        ("bad-type", "cache.min_prompt_tokens: expected an integer"),
+        ("bad-two-sources", "exclusive"),
+        ("bad-thresholds", "miss_ratio <= hit_ratio"),
+        ("bad-yaml", "not valid YAML"),
+    ],
+)
 def test_bad_files_name_the_problem(name, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         validate(load_file(str(CONF / f"{name}.yaml")))
 
 
 def test_flags_override_the_file():
-    args = build_parser().parse_args(["--config.file", str(CONF / "good.yaml"), "--llama.url", "http://10.0.0.1:9",
-                                      "--cache.min-prompt-tokens", "10"])
+    args = build_parser().parse_args(
+        [
+            "--config.file",
+            str(CONF / "good.yaml"),
+            "--llama.url",
+            "http://10.0.0.1:9",
+            "--cache.min-prompt-tokens",
+            "10",
+        ]
+    )
     cfg = config_from_args(args)
     assert cfg.llama.url == "http://10.0.0.1:9" and cfg.cache.min_prompt_tokens == 10
     assert cfg.llama.timeout_seconds == 1.5
@@ -56,8 +67,18 @@ def test_config_check_exit_codes():
 
 def test_help_lists_every_setting():
     out = cli("--help").stdout
-    for flag in ("--llama.url", "--log.path", "--log.command", "--log.from-start", "--web.listen-address",
-                 "--config.file", "--config.check", "--events.path", "--llama.api-key-file", "-lv 4"):
+    for flag in (
+        "--llama.url",
+        "--log.path",
+        "--log.command",
+        "--log.from-start",
+        "--web.listen-address",
+        "--config.file",
+        "--config.check",
+        "--events.path",
+        "--llama.api-key-file",
+        "-lv 4",
+    ):
         assert flag in out
 
 
@@ -68,6 +89,7 @@ def test_api_key_from_file_or_env_never_printed(tmp_path):
     assert read_api_key(config_from_args(args).llama) == "s3cr3t-key"
     args = build_parser().parse_args(["--llama.api-key-env", "MY_KEY"])
     import os
+
     os.environ["MY_KEY"] = "from-env"
     try:
         assert read_api_key(config_from_args(args).llama) == "from-env"

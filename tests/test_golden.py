@@ -11,10 +11,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from llamacpp_exporter.pipeline import replay
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
-
-from llamacpp_exporter.pipeline import replay
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 GOLDEN = Path(__file__).parent / "golden"
@@ -46,8 +45,9 @@ def test_exposition_golden(log, update_golden):
 
 def test_openmetrics_exposition_carries_exemplars(update_golden):
     # exemplar timestamps are the wall clock of the observation: masked for the comparison
-    text = re.sub(r"(# \{[^}]*\} \S+) \d+(\.\d+)?$", r"\1 <ts>", exposition("lv4-np2-text.log", openmetrics=True),
-                  flags=re.M)
+    text = re.sub(
+        r"(# \{[^}]*\} \S+) \d+(\.\d+)?$", r"\1 <ts>", exposition("lv4-np2-text.log", openmetrics=True), flags=re.M
+    )
     check_golden("lv4-np2-text.openmetrics.txt", text, update_golden)
     assert '# {slot="0",task="2"}' in text  # histograms point at the very request
 
@@ -60,6 +60,7 @@ def promtool() -> str:
 
 @pytest.mark.parametrize("log", LOG_NAMES)
 def test_exposition_passes_promtool_check_metrics(log):
-    res = subprocess.run([promtool(), "check", "metrics"], input=exposition(f"{log}.log"),
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [promtool(), "check", "metrics"], input=exposition(f"{log}.log"), capture_output=True, text=True
+    )
     assert res.returncode == 0, res.stdout + res.stderr

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from llamacpp_exporter import parse as p
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -82,14 +81,18 @@ def test_timestamp_is_microseconds_since_start():
 LAUNCH = "slot launch_slot_: id  2 | task 17 | processing task, is_child = 0"
 
 
-@pytest.mark.parametrize("line", [
-    "0.01.108.522 I " + LAUNCH,  # default
-    "I " + LAUNCH,  # --no-log-timestamps
-    LAUNCH,  # --no-log-prefix
-    "\x1b[34m0.01.108.522\x1b[0m \x1b[32mI \x1b[0m" + LAUNCH,  # colours (invented: rendered per log.cpp)
-    "[ 8081] 0.01.108.522 I " + LAUNCH,  # router prefix (invented: rendered per server-models.cpp)
-    json.dumps({"type": "log", "time": 68522, "level": "info", "msg": LAUNCH + "\n"}),
-], ids=["default", "no-timestamps", "no-prefix", "ansi", "router", "jsonl"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "0.01.108.522 I " + LAUNCH,  # default
+        "I " + LAUNCH,  # --no-log-timestamps
+        LAUNCH,  # --no-log-prefix
+        "\x1b[34m0.01.108.522\x1b[0m \x1b[32mI \x1b[0m" + LAUNCH,  # colours (invented: rendered per log.cpp)
+        "[ 8081] 0.01.108.522 I " + LAUNCH,  # router prefix (invented: rendered per server-models.cpp)
+        json.dumps({"type": "log", "time": 68522, "level": "info", "msg": LAUNCH + "\n"}),
+    ],
+    ids=["default", "no-timestamps", "no-prefix", "ansi", "router", "jsonl"],
+)
 def test_envelopes(line):
     assert p.parse_line(line).event == p.TaskLaunched(2, 17, False)
 
@@ -106,11 +109,14 @@ def test_multiline_continuation_is_ignored():
     assert isinstance(p.parse_line("<|im_start|>user").event, p.Ignored)
 
 
-@pytest.mark.parametrize("line", [
-    "0.01.108.522 I slot launch_slot_: id  0 | task 3 | a message no build of ours prints",  # invented
-    "0.01.108.522 I slot launch_slot_: malformed slot line without ids",  # invented
-    '{"type":"log","time":',  # truncated JSONL record
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "0.01.108.522 I slot launch_slot_: id  0 | task 3 | a message no build of ours prints",  # invented
+        "0.01.108.522 I slot launch_slot_: malformed slot line without ids",  # invented
+        '{"type":"log","time":',  # truncated JSONL record
+    ],
+)
 def test_unknown_and_malformed_lines_are_unrecognized(line):
     assert isinstance(p.parse_line(line).event, p.Unrecognized)
 
@@ -122,15 +128,22 @@ def test_garbage_never_raises():
 
 def test_debug_lines_carry_no_text():
     # invented: a DEBUG line as -lv 5 prints it, with request content
-    parsed = p.parse_line("0.02.000.000 D slot launch_slot_: id  0 | task 4 | launching slot : {\"prompt\":\"secret words\"}")
+    parsed = p.parse_line(
+        '0.02.000.000 D slot launch_slot_: id  0 | task 4 | launching slot : {"prompt":"secret words"}'
+    )
     assert parsed.event == p.DebugLine()
     assert "secret" not in repr(parsed)
 
 
-@pytest.mark.parametrize("log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log", "lv4-np1-seed-scenario.log"])
+@pytest.mark.parametrize(
+    "log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log", "lv4-np1-seed-scenario.log"]
+)
 def test_recorded_logs_have_no_unrecognized_lines(log):
     results = [p.parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
     assert not [r for r in results if isinstance(r.event, p.Unrecognized)]
-    assert sum(isinstance(r.event, p.TaskLaunched) for r in results) == sum(
-        1 for _ in (LOGS / log.replace(".log", ".truth.jsonl")).open()
-    ) if (LOGS / log.replace(".log", ".truth.jsonl")).exists() else True
+    assert (
+        sum(isinstance(r.event, p.TaskLaunched) for r in results)
+        == sum(1 for _ in (LOGS / log.replace(".log", ".truth.jsonl")).open())
+        if (LOGS / log.replace(".log", ".truth.jsonl")).exists()
+        else True
+    )

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 from realserver import ExporterProcess, free_port
 
 FIXTURE = Path(__file__).parent / "fixtures" / "invented" / "text-bearing-lines.log"
@@ -18,8 +17,20 @@ CANARY = "quokkacanary"
 
 def test_no_text_leaves_the_exporter(tmp_path):
     events = tmp_path / "events.jsonl"
-    exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}", "--log.path", str(FIXTURE),
-                           "--log.from-start", "--events.path", str(events), "--log.level", "debug"], tmp_path).start()
+    exp = ExporterProcess(
+        [
+            "--llama.url",
+            f"http://127.0.0.1:{free_port()}",
+            "--log.path",
+            str(FIXTURE),
+            "--log.from-start",
+            "--events.path",
+            str(events),
+            "--log.level",
+            "debug",
+        ],
+        tmp_path,
+    ).start()
     try:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not (events.exists() and events.read_text()):

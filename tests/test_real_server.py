@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
-from workload import CANARY, Truth, chat_workload, lora_plan, seed_scenario
+from workload import CANARY, Truth, chat_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
 
@@ -27,8 +26,18 @@ def parts() -> tuple[Path, Path, Path]:
 
 def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterProcess:
     return ExporterProcess(
-        ["--llama.url", server.url, "--log.path", str(server.log_path), "--log.from-start",
-         "--events.path", str(workdir / "events.jsonl"), "--llama.poll-interval", "0.5", *extra],
+        [
+            "--llama.url",
+            server.url,
+            "--log.path",
+            str(server.log_path),
+            "--log.from-start",
+            "--events.path",
+            str(workdir / "events.jsonl"),
+            "--llama.poll-interval",
+            "0.5",
+            *extra,
+        ],
         workdir,
     ).start()
 
@@ -50,10 +59,14 @@ def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
     (printed to 0.01 ms in the log, returned unrounded in the response)."""
     pairs = []
     for t in truths:
-        cands = [r for r in records
-                 if r["prefill_seconds"] is not None and r["decode_seconds"] is not None
-                 and abs(r["prefill_seconds"] * 1000 - t.prompt_ms) <= 0.0051
-                 and abs(r["decode_seconds"] * 1000 - t.predicted_ms) <= 0.0051]
+        cands = [
+            r
+            for r in records
+            if r["prefill_seconds"] is not None
+            and r["decode_seconds"] is not None
+            and abs(r["prefill_seconds"] * 1000 - t.prompt_ms) <= 0.0051
+            and abs(r["decode_seconds"] * 1000 - t.predicted_ms) <= 0.0051
+        ]
         assert len(cands) == 1, f"{len(cands)} records match response {t}"
         pairs.append((t, cands[0]))
     return pairs
@@ -72,8 +85,7 @@ def log_restores(log_text: str, task: int, slot: int) -> tuple[bool, bool]:
     """Independent reading of the log: did the selection that led to `task` restore a RAM
     entry (`found better prompt`) and clear it for a LoRA change?"""
     lines = log_text.splitlines()
-    launch = next(i for i, ln in enumerate(lines)
-                  if re.search(rf"id +{slot} \| task {task} \| processing task", ln))
+    launch = next(i for i, ln in enumerate(lines) if re.search(rf"id +{slot} \| task {task} \| processing task", ln))
     start = max(i for i in range(launch) if re.search(rf"id +{slot} \| task -?\d+ \| selected slot by", lines[i]))
     block = lines[start:launch]
     restored = any("found better prompt" in ln for ln in block)
@@ -247,9 +259,19 @@ def test_server_restart_with_log_file_truncation_starts_a_new_epoch(parts, tmp_p
     srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=1, ctx=4096, cache_ram=256, log_file=True).start()
     exp = None
     try:
-        exp = ExporterProcess(["--llama.url", srv.url, "--log.path", str(srv.log_path),
-                               "--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
-                              tmp_path).start()
+        exp = ExporterProcess(
+            [
+                "--llama.url",
+                srv.url,
+                "--log.path",
+                str(srv.log_path),
+                "--events.path",
+                str(tmp_path / "events.jsonl"),
+                "--llama.poll-interval",
+                "0.5",
+            ],
+            tmp_path,
+        ).start()
         first = seed_scenario(srv.url)
         wait_records(tmp_path / "events.jsonl", 3)
         srv.stop()

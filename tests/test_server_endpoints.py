@@ -13,11 +13,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from llamacpp_exporter.metrics import ExporterMetrics
+from llamacpp_exporter.records import SlotsSnapshot
+from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
-
-from llamacpp_exporter.metrics import ExporterMetrics
-from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
 from realserver import ExporterProcess, free_port
 
 FIX = Path(__file__).parent / "fixtures" / "server"
@@ -30,7 +30,11 @@ def test_parse_slots_recorded():
 
 
 def test_parse_slots_ignores_text_and_odd_elements():
-    obj = [{"id": 0, "prompt": "secret", "generated": "secret", "params": {"lora": [{"id": "x"}]}}, "junk", {"no": "id"}]
+    obj = [
+        {"id": 0, "prompt": "secret", "generated": "secret", "params": {"lora": [{"id": "x"}]}},
+        "junk",
+        {"no": "id"},
+    ]
     snap = parse_slots(obj)
     assert len(snap.slots) == 1 and "secret" not in repr(snap)
     with pytest.raises(ValueError):
@@ -78,8 +82,12 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
     class H(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             time.sleep(behaviour.delay)
-            body = {"/slots": behaviour.slots_body, "/metrics": (FIX / "metrics.txt").read_bytes(),
-                    "/health": b'{"status":"ok"}', "/lora-adapters": b"[]"}.get(self.path, b"{}")
+            body = {
+                "/slots": behaviour.slots_body,
+                "/metrics": (FIX / "metrics.txt").read_bytes(),
+                "/health": b'{"status":"ok"}',
+                "/lora-adapters": b"[]",
+            }.get(self.path, b"{}")
             self.send_response(behaviour.status)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -101,8 +109,21 @@ def poller_for(url: str, timeout: float = 0.3):
     reg = CollectorRegistry()
     m = ExporterMetrics(reg)
     got = []
-    return ServerPoller(url, api_key=None, timeout=timeout, interval=1, poll_slots=True, poll_metrics=True,
-                        metrics=m, on_snapshot=got.append, on_adapters=got.append), reg, got
+    return (
+        ServerPoller(
+            url,
+            api_key=None,
+            timeout=timeout,
+            interval=1,
+            poll_slots=True,
+            poll_metrics=True,
+            metrics=m,
+            on_snapshot=got.append,
+            on_adapters=got.append,
+        ),
+        reg,
+        got,
+    )
 
 
 def test_poller_dead_server_sets_up_zero_and_counts_errors():
@@ -110,7 +131,8 @@ def test_poller_dead_server_sets_up_zero_and_counts_errors():
     poller.poll_all_once()
     assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 0
     assert reg.get_sample_value("llamacpp_exporter_scrape_errors_total", {"endpoint": "slots"}) == 1
-    assert got == [] and poller.collect_server_families() == []
+    assert got == [SlotsSnapshot(())]  # an empty snapshot: waiting records are released as unknown
+    assert poller.collect_server_families() == []
 
 
 def test_poller_garbage_and_errors_are_counted_not_raised():
@@ -135,7 +157,9 @@ def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
         delay = 5.0
 
     srv, url = serve(B)
-    exp = ExporterProcess(["--llama.url", url, "--llama.timeout", "1", "--llama.poll-interval", "0.2"], tmp_path).start()
+    exp = ExporterProcess(
+        ["--llama.url", url, "--llama.timeout", "1", "--llama.poll-interval", "0.2"], tmp_path
+    ).start()
     try:
         for _ in range(5):
             t0 = time.monotonic()
@@ -149,7 +173,9 @@ def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
 
 
 def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path):
-    exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.poll-interval", "0.2"], tmp_path).start()
+    exp = ExporterProcess(
+        ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.poll-interval", "0.2"], tmp_path
+    ).start()
     try:
         deadline = time.monotonic() + 5
         text = ""

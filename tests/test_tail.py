@@ -3,7 +3,6 @@ llama-server's truncate-on-restart, a file that appears later, partial and overs
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -175,15 +174,24 @@ def test_command_is_followed_and_restarted(tmp_path):
 
 def _run_exporter_on(source_args: list[str], stdin_bytes: bytes | None, tmp_path: Path) -> str:
     import httpx
-
     from realserver import free_port
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
-         "--llama.url", f"http://127.0.0.1:{free_port()}", "--no-llama.slots", *source_args],
+        [
+            sys.executable,
+            "-m",
+            "llamacpp_exporter",
+            "--web.listen-address",
+            f"127.0.0.1:{port}",
+            "--llama.url",
+            f"http://127.0.0.1:{free_port()}",
+            "--no-llama.slots",
+            *source_args,
+        ],
         stdin=subprocess.PIPE if stdin_bytes is not None else subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         if stdin_bytes is not None:

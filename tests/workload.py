@@ -69,8 +69,18 @@ def seed_scenario(url: str, seed: int = 7) -> list[Truth]:
 
 
 def _truth(conv: str, turn: int, lora: bool, t: dict, t0: float) -> Truth:
-    return Truth(conv, turn, "active" if lora else "none", int(t["cache_n"]), int(t["prompt_n"]),
-                 float(t["prompt_ms"]), int(t["predicted_n"]), float(t["predicted_ms"]), t0, time.time())
+    return Truth(
+        conv,
+        turn,
+        "active" if lora else "none",
+        int(t["cache_n"]),
+        int(t["prompt_n"]),
+        float(t["prompt_ms"]),
+        int(t["predicted_n"]),
+        float(t["predicted_ms"]),
+        t0,
+        time.time(),
+    )
 
 
 def lora_plan(conv: int, turn: int) -> bool:
@@ -81,8 +91,14 @@ def lora_plan(conv: int, turn: int) -> bool:
     return conv % 2 == 0
 
 
-def chat_workload(url: str, n_convs: int = 6, turns: int = 4, seed: int = 11, max_tokens: int = 12,
-                  long_system: tuple[int, ...] = (0, 1)) -> list[Truth]:
+def chat_workload(
+    url: str,
+    n_convs: int = 6,
+    turns: int = 4,
+    seed: int = 11,
+    max_tokens: int = 12,
+    long_system: tuple[int, ...] = (0, 1),
+) -> list[Truth]:
     """Concurrent multi-turn chats with X-Conversation-Id; two conversations carry a long
     (~1,200-token) system prompt of their own so the cache outcomes are counted."""
     results: list[Truth] = []

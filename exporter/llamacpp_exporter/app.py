@@ -14,8 +14,9 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Iterable
 from socketserver import ThreadingMixIn
-from typing import Any, Iterable
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -180,18 +181,28 @@ class Exporter:
     def start(self) -> None:
         host, port = parse_listen_address(self.cfg.web.listen_address)
         server_class = _V6ThreadingWSGIServer if ":" in host else _ThreadingWSGIServer
-        self.httpd = make_server(host, port, make_app(self.registry, self.cfg),
-                                 server_class=server_class, handler_class=_QuietHandler)
+        self.httpd = make_server(
+            host, port, make_app(self.registry, self.cfg), server_class=server_class, handler_class=_QuietHandler
+        )
         self.port = self.httpd.server_address[1]
-        for name, target in (("pipeline", self._process), ("log-source", self._source),
-                             ("poller", lambda: self.poller.run(self.stop)),
-                             ("http", self.httpd.serve_forever)):
+        for name, target in (
+            ("pipeline", self._process),
+            ("log-source", self._source),
+            ("poller", lambda: self.poller.run(self.stop)),
+            ("http", self.httpd.serve_forever),
+        ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self.threads.append(t)
         src = self.cfg.log.command and "command" or self.cfg.log.path or "none"
-        log.info("llamacpp-exporter %s listening on %s:%d, llama-server %s, log source %s",
-                 __version__, host, self.port, self.cfg.llama.url, src)
+        log.info(
+            "llamacpp-exporter %s listening on %s:%d, llama-server %s, log source %s",
+            __version__,
+            host,
+            self.port,
+            self.cfg.llama.url,
+            src,
+        )
         if not self.cfg.log.path and not self.cfg.log.command:
             log.warning("no log source (--log.path or --log.command): only llama-server's endpoints are exported")
 
@@ -210,7 +221,6 @@ class Exporter:
             elif t.name == "log-source":
                 t.join(timeout=1)  # lets a --log.command child be stopped with us
         self.poller.close()
-
 
 
 def run(cfg: Config) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 from . import parse as p
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
@@ -540,8 +541,11 @@ class Assembler:
                 same = rec.lora_config == rec.restored_entry_lora_config
             if rec.lora_cache_cleared:
                 rec.restore_result = (
-                    "discarded_lora_unknown" if same is None
-                    else "discarded_lora_wrongful" if same else "discarded_lora_correct"
+                    "discarded_lora_unknown"
+                    if same is None
+                    else "discarded_lora_wrongful"
+                    if same
+                    else "discarded_lora_correct"
                 )
             elif rec.forced_reprocess or (rec.reuse_source is not None and rec.reused_tokens == 0):
                 rec.restore_result = "reprocessed"
@@ -556,8 +560,7 @@ class Assembler:
                 if rec.outcome == "miss":
                     rec.miss_cause = self._miss_cause(rec)
             rec.small_task_takeover = (
-                rec.prompt_tokens < st.small_task_tokens
-                and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
+                rec.prompt_tokens < st.small_task_tokens and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
             )
         # overlap of other slots' prefills with this request's decoding
         if rec._decode_start_us is not None and rec._decode_end_us is not None and rec.decode_seconds:

@@ -25,53 +25,160 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     a = p.add_argument
-    a("--config.file", dest="config_file", metavar="FILE", default=None,
-      help="YAML configuration file (strict: unknown keys are errors). Flags override it.")
-    a("--config.check", dest="config_check", action="store_true",
-      help="validate the configuration, print the result and exit (0 valid, 1 invalid)")
-    a("--llama.url", dest="llama_url", metavar="URL", default=None,
-      help="llama-server base URL (default http://127.0.0.1:8080)")
-    a("--llama.api-key-file", dest="api_key_file", metavar="FILE", default=None,
-      help="file holding llama-server's API key (else the environment variable of --llama.api-key-env)")
-    a("--llama.api-key-env", dest="api_key_env", metavar="NAME", default=None,
-      help="environment variable holding llama-server's API key (default LLAMA_API_KEY)")
-    a("--llama.timeout", dest="timeout", type=float, metavar="SECONDS", default=None,
-      help="timeout of each request to llama-server (default 2)")
-    a("--llama.poll-interval", dest="poll_interval", type=float, metavar="SECONDS", default=None,
-      help="interval of the periodic polls of /health, /metrics, /slots, /lora-adapters (default 5)")
-    a("--llama.slots", dest="poll_slots", action=argparse.BooleanOptionalAction, default=None,
-      help="poll /slots for each task's LoRA and reused tokens (default on)")
-    a("--llama.metrics", dest="poll_metrics", action=argparse.BooleanOptionalAction, default=None,
-      help="re-export llama-server's /metrics as llamacpp_server_* (default on)")
-    a("--log.path", dest="log_path", metavar="FILE", default=None,
-      help="llama-server log file to follow (rotation and truncation handled), or - for standard input")
-    a("--log.command", dest="log_command", metavar="COMMAND", default=None,
-      help="command whose output is followed, e.g. 'journalctl -f -o cat -u llama-server' (restarted if it exits)")
-    a("--log.from-start", dest="from_start", action="store_true", default=None,
-      help="read the log file from its start instead of its end")
-    a("--log.poll-interval", dest="log_poll", type=float, metavar="SECONDS", default=None,
-      help="how often the log file is checked for new lines (default 0.25)")
-    a("--web.listen-address", dest="listen", metavar="HOST:PORT", default=None,
-      help=f"address of the exporter's HTTP server (default {DEFAULT_LISTEN})")
-    a("--web.telemetry-path", dest="telemetry_path", metavar="PATH", default=None,
-      help="path of the metrics endpoint (default /metrics)")
-    a("--events.path", dest="events_path", metavar="FILE", default=None,
-      help="append one JSON line per request record (numbers and fixed words only, never text)")
-    a("--cache.min-prompt-tokens", dest="min_prompt_tokens", type=int, metavar="N", default=None,
-      help="smallest prompt counted in llamacpp_prompt_cache_outcomes_total (default 1024)")
-    a("--log.level", dest="log_level", default="info", choices=["debug", "info", "warning", "error"],
-      help="the exporter's own log level (default info)")
+    a(
+        "--config.file",
+        dest="config_file",
+        metavar="FILE",
+        default=None,
+        help="YAML configuration file (strict: unknown keys are errors). Flags override it.",
+    )
+    a(
+        "--config.check",
+        dest="config_check",
+        action="store_true",
+        help="validate the configuration, print the result and exit (0 valid, 1 invalid)",
+    )
+    a(
+        "--llama.url",
+        dest="llama_url",
+        metavar="URL",
+        default=None,
+        help="llama-server base URL (default http://127.0.0.1:8080)",
+    )
+    a(
+        "--llama.api-key-file",
+        dest="api_key_file",
+        metavar="FILE",
+        default=None,
+        help="file holding llama-server's API key (else the environment variable of --llama.api-key-env)",
+    )
+    a(
+        "--llama.api-key-env",
+        dest="api_key_env",
+        metavar="NAME",
+        default=None,
+        help="environment variable holding llama-server's API key (default LLAMA_API_KEY)",
+    )
+    a(
+        "--llama.timeout",
+        dest="timeout",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="timeout of each request to llama-server (default 2)",
+    )
+    a(
+        "--llama.poll-interval",
+        dest="poll_interval",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="interval of the periodic polls of /health, /metrics, /slots, /lora-adapters (default 5)",
+    )
+    a(
+        "--llama.slots",
+        dest="poll_slots",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="poll /slots for each task's LoRA and reused tokens (default on)",
+    )
+    a(
+        "--llama.metrics",
+        dest="poll_metrics",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="re-export llama-server's /metrics as llamacpp_server_* (default on)",
+    )
+    a(
+        "--log.path",
+        dest="log_path",
+        metavar="FILE",
+        default=None,
+        help="llama-server log file to follow (rotation and truncation handled), or - for standard input",
+    )
+    a(
+        "--log.command",
+        dest="log_command",
+        metavar="COMMAND",
+        default=None,
+        help="command whose output is followed, e.g. 'journalctl -f -o cat -u llama-server' (restarted if it exits)",
+    )
+    a(
+        "--log.from-start",
+        dest="from_start",
+        action="store_true",
+        default=None,
+        help="read the log file from its start instead of its end",
+    )
+    a(
+        "--log.poll-interval",
+        dest="log_poll",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="how often the log file is checked for new lines (default 0.25)",
+    )
+    a(
+        "--web.listen-address",
+        dest="listen",
+        metavar="HOST:PORT",
+        default=None,
+        help=f"address of the exporter's HTTP server (default {DEFAULT_LISTEN})",
+    )
+    a(
+        "--web.telemetry-path",
+        dest="telemetry_path",
+        metavar="PATH",
+        default=None,
+        help="path of the metrics endpoint (default /metrics)",
+    )
+    a(
+        "--events.path",
+        dest="events_path",
+        metavar="FILE",
+        default=None,
+        help="append one JSON line per request record (numbers and fixed words only, never text)",
+    )
+    a(
+        "--cache.min-prompt-tokens",
+        dest="min_prompt_tokens",
+        type=int,
+        metavar="N",
+        default=None,
+        help="smallest prompt counted in llamacpp_prompt_cache_outcomes_total (default 1024)",
+    )
+    a(
+        "--log.level",
+        dest="log_level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the exporter's own log level (default info)",
+    )
     a("--version", action="version", version=f"llamacpp-exporter {__version__}")
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
     cfg = load_file(args.config_file) if args.config_file else Config()
-    cfg = override(cfg, "llama", url=args.llama_url, api_key_file=args.api_key_file, api_key_env=args.api_key_env,
-                   timeout_seconds=args.timeout, poll_interval_seconds=args.poll_interval,
-                   poll_slots=args.poll_slots, poll_metrics=args.poll_metrics)
-    cfg = override(cfg, "log", path=args.log_path, command=args.log_command, from_start=args.from_start,
-                   poll_interval_seconds=args.log_poll)
+    cfg = override(
+        cfg,
+        "llama",
+        url=args.llama_url,
+        api_key_file=args.api_key_file,
+        api_key_env=args.api_key_env,
+        timeout_seconds=args.timeout,
+        poll_interval_seconds=args.poll_interval,
+        poll_slots=args.poll_slots,
+        poll_metrics=args.poll_metrics,
+    )
+    cfg = override(
+        cfg,
+        "log",
+        path=args.log_path,
+        command=args.log_command,
+        from_start=args.from_start,
+        poll_interval_seconds=args.log_poll,
+    )
     cfg = override(cfg, "web", listen_address=args.listen, telemetry_path=args.telemetry_path)
     cfg = override(cfg, "events", path=args.events_path)
     cfg = override(cfg, "cache", min_prompt_tokens=args.min_prompt_tokens)

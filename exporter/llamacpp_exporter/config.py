@@ -153,9 +153,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("log.path and log.command are exclusive: follow a file (or - for stdin) or a command")
     if not cfg.llama.url.startswith(("http://", "https://")):
         raise ConfigError(f"llama.url: must start with http:// or https://, got {cfg.llama.url!r}")
-    for key, v in (("llama.timeout_seconds", cfg.llama.timeout_seconds),
-                   ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds),
-                   ("log.poll_interval_seconds", cfg.log.poll_interval_seconds)):
+    for key, v in (
+        ("llama.timeout_seconds", cfg.llama.timeout_seconds),
+        ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds),
+        ("log.poll_interval_seconds", cfg.log.poll_interval_seconds),
+    ):
         if v <= 0:
             raise ConfigError(f"{key}: must be positive, got {v}")
     if cfg.log.max_line_bytes < 1024:

@@ -14,7 +14,23 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from .records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
 
 PREFILL_SECONDS_BUCKETS = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    20,
+    30,
+    60,
+    120,
+    300,
+    600,
 )
 PREFILL_TOKENS_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
@@ -29,61 +45,110 @@ class ExporterMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         pl = ["path", "lora"]
-        self.requests = Counter("llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, registry=r)
-        self.cancelled = Counter("llamacpp_requests_cancelled", "Requests that ended without a timings block (cancelled or failed).", pl, registry=r)
-        self.prompt_tokens = Counter("llamacpp_prompt_tokens", "Prompt tokens of completed requests (reused plus computed), where known.", pl, registry=r)
-        self.reused_tokens = Counter("llamacpp_prompt_tokens_reused", "Prompt tokens reused from the slot or the RAM prompt cache, where known.", pl, registry=r)
+        self.requests = Counter(
+            "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, registry=r
+        )
+        self.cancelled = Counter(
+            "llamacpp_requests_cancelled",
+            "Requests that ended without a timings block (cancelled or failed).",
+            pl,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "llamacpp_prompt_tokens",
+            "Prompt tokens of completed requests (reused plus computed), where known.",
+            pl,
+            registry=r,
+        )
+        self.reused_tokens = Counter(
+            "llamacpp_prompt_tokens_reused",
+            "Prompt tokens reused from the slot or the RAM prompt cache, where known.",
+            pl,
+            registry=r,
+        )
         self.outcomes = Counter(
             "llamacpp_prompt_cache_outcomes",
             "Prompt-cache outcome of requests with at least cache.min_prompt_tokens prompt tokens: hit (reused >= hit ratio), partial, miss (reused < miss ratio).",
-            [*pl, "outcome"], registry=r,
+            [*pl, "outcome"],
+            registry=r,
         )
         self.misses = Counter(
             "llamacpp_prompt_cache_misses",
             "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
-            [*pl, "cause"], registry=r,
+            [*pl, "cause"],
+            registry=r,
         )
         self.restores = Counter(
             "llamacpp_prompt_cache_restores",
             "RAM prompt-cache entries restored into a slot, by what became of them. discarded_lora_wrongful: "
             "discarded for a LoRA change although computed under the request's LoRA configuration.",
-            ["lora", "result"], registry=r,
+            ["lora", "result"],
+            registry=r,
         )
         self.mismatch = Counter(
             "llamacpp_prompt_cache_lora_mismatch_reuse",
             "Restored RAM-cache entries computed under another LoRA configuration and reused anyway (wrong-output risk).",
-            ["lora"], registry=r,
+            ["lora"],
+            registry=r,
         )
-        self.cache_entries = Gauge("llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", registry=r)
-        self.cache_bytes = Gauge("llamacpp_prompt_cache_bytes", "Size of the RAM prompt cache in bytes (last cache state line).", registry=r)
-        self.cache_limit = Gauge("llamacpp_prompt_cache_limit_bytes", "Size limit of the RAM prompt cache in bytes (--cache-ram).", registry=r)
-        self.cache_saves = Counter("llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", registry=r)
-        self.cache_evictions = Counter("llamacpp_prompt_cache_evictions", "Entries evicted from the RAM prompt cache.", registry=r)
-        self.cache_evicted_bytes = Counter("llamacpp_prompt_cache_evicted_bytes", "Bytes evicted from the RAM prompt cache.", registry=r)
+        self.cache_entries = Gauge(
+            "llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", registry=r
+        )
+        self.cache_bytes = Gauge(
+            "llamacpp_prompt_cache_bytes", "Size of the RAM prompt cache in bytes (last cache state line).", registry=r
+        )
+        self.cache_limit = Gauge(
+            "llamacpp_prompt_cache_limit_bytes",
+            "Size limit of the RAM prompt cache in bytes (--cache-ram).",
+            registry=r,
+        )
+        self.cache_saves = Counter(
+            "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", registry=r
+        )
+        self.cache_evictions = Counter(
+            "llamacpp_prompt_cache_evictions", "Entries evicted from the RAM prompt cache.", registry=r
+        )
+        self.cache_evicted_bytes = Counter(
+            "llamacpp_prompt_cache_evicted_bytes", "Bytes evicted from the RAM prompt cache.", registry=r
+        )
         self.cache_update = Histogram(
-            "llamacpp_prompt_cache_update_duration_seconds", "Time of one RAM prompt-cache save/load/update at slot selection.",
-            buckets=CACHE_UPDATE_BUCKETS, registry=r,
+            "llamacpp_prompt_cache_update_duration_seconds",
+            "Time of one RAM prompt-cache save/load/update at slot selection.",
+            buckets=CACHE_UPDATE_BUCKETS,
+            registry=r,
         )
         self.prefill_seconds = Histogram(
-            "llamacpp_prefill_duration_seconds", "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
-            pl, buckets=PREFILL_SECONDS_BUCKETS, registry=r,
+            "llamacpp_prefill_duration_seconds",
+            "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
+            pl,
+            buckets=PREFILL_SECONDS_BUCKETS,
+            registry=r,
         )
         self.prefill_tokens = Histogram(
-            "llamacpp_prefill_tokens", "Prompt tokens computed (not reused) by a request's prefill.",
-            pl, buckets=PREFILL_TOKENS_BUCKETS, registry=r,
+            "llamacpp_prefill_tokens",
+            "Prompt tokens computed (not reused) by a request's prefill.",
+            pl,
+            buckets=PREFILL_TOKENS_BUCKETS,
+            registry=r,
         )
         self.tpot = Histogram(
             "llamacpp_time_per_output_token_seconds",
             "Mean decode time per output token of a request; contention=prefill when other slots prefilled during more than the configured fraction of its decoding.",
-            ["contention"], buckets=TPOT_BUCKETS, registry=r,
+            ["contention"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
         )
         self.overlap = Counter(
             "llamacpp_decode_prefill_overlap_seconds",
-            "Seconds during which this slot was decoding while another slot was prefilling.", ["slot"], registry=r,
+            "Seconds during which this slot was decoding while another slot was prefilling.",
+            ["slot"],
+            registry=r,
         )
         self.prefill_in_progress_gauge = Gauge(
             "llamacpp_slot_prefill_tokens_in_progress",
-            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).", ["slot"], registry=r,
+            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
+            ["slot"],
+            registry=r,
         )
         self.takeovers = Counter(
             "llamacpp_small_task_slot_takeovers",
@@ -91,27 +156,66 @@ class ExporterMetrics:
             registry=r,
         )
         # self-metrics
-        self.up = Gauge("llamacpp_up", "Whether the last request to this llama-server endpoint succeeded.", ["endpoint"], registry=r)
-        self.scrape_errors = Counter("llamacpp_exporter_scrape_errors", "Failed requests to llama-server endpoints.", ["endpoint"], registry=r)
-        self.scrape_duration = Gauge("llamacpp_exporter_scrape_duration_seconds", "Duration of the last request to each llama-server endpoint.", ["endpoint"], registry=r)
+        self.up = Gauge(
+            "llamacpp_up", "Whether the last request to this llama-server endpoint succeeded.", ["endpoint"], registry=r
+        )
+        self.scrape_errors = Counter(
+            "llamacpp_exporter_scrape_errors", "Failed requests to llama-server endpoints.", ["endpoint"], registry=r
+        )
+        self.scrape_duration = Gauge(
+            "llamacpp_exporter_scrape_duration_seconds",
+            "Duration of the last request to each llama-server endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
         self.log_lines = Counter("llamacpp_exporter_log_lines", "Log lines read, by result.", ["result"], registry=r)
-        self.log_rotations = Counter("llamacpp_exporter_log_rotations", "Log file rotations (file replaced) followed.", registry=r)
-        self.log_truncations = Counter("llamacpp_exporter_log_truncations", "Log file truncations (copytruncate, llama-server restart with --log-file) followed.", registry=r)
-        self.log_read_errors = Counter("llamacpp_exporter_log_read_errors", "Errors reading the log source (missing file, failed command...).", registry=r)
-        self.log_source_restarts = Counter("llamacpp_exporter_log_command_restarts", "Restarts of the --log.command process after it exited.", registry=r)
-        self.last_line = Gauge("llamacpp_exporter_last_log_line_timestamp_seconds", "Unix time at which the last log line was read.", registry=r)
+        self.log_rotations = Counter(
+            "llamacpp_exporter_log_rotations", "Log file rotations (file replaced) followed.", registry=r
+        )
+        self.log_truncations = Counter(
+            "llamacpp_exporter_log_truncations",
+            "Log file truncations (copytruncate, llama-server restart with --log-file) followed.",
+            registry=r,
+        )
+        self.log_read_errors = Counter(
+            "llamacpp_exporter_log_read_errors",
+            "Errors reading the log source (missing file, failed command...).",
+            registry=r,
+        )
+        self.log_source_restarts = Counter(
+            "llamacpp_exporter_log_command_restarts",
+            "Restarts of the --log.command process after it exited.",
+            registry=r,
+        )
+        self.last_line = Gauge(
+            "llamacpp_exporter_last_log_line_timestamp_seconds",
+            "Unix time at which the last log line was read.",
+            registry=r,
+        )
         self.diag_available = Gauge(
             "llamacpp_exporter_cache_diagnostics_available",
-            "1 when llama-server logs at -lv 4 (RAM prompt-cache narrative visible), 0 when not, -1 while unknown.", registry=r,
+            "1 when llama-server logs at -lv 4 (RAM prompt-cache narrative visible), 0 when not, -1 while unknown.",
+            registry=r,
         )
-        self.verbosity = Gauge("llamacpp_exporter_server_log_verbosity", "llama-server's -lv as read from its log, -1 while unknown.", registry=r)
+        self.verbosity = Gauge(
+            "llamacpp_exporter_server_log_verbosity",
+            "llama-server's -lv as read from its log, -1 while unknown.",
+            registry=r,
+        )
         self.debug_logging = Gauge(
             "llamacpp_exporter_server_debug_logging",
-            "1 when llama-server logs DEBUG lines (-lv 5 / -v), which contain prompt text. The exporter drops them.", registry=r,
+            "1 when llama-server logs DEBUG lines (-lv 5 / -v), which contain prompt text. The exporter drops them.",
+            registry=r,
         )
-        self.restarts = Counter("llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r)
-        self.records_written = Counter("llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r)
-        self.events_errors = Counter("llamacpp_exporter_events_write_errors", "Failed writes to the events file.", registry=r)
+        self.restarts = Counter(
+            "llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r
+        )
+        self.records_written = Counter(
+            "llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r
+        )
+        self.events_errors = Counter(
+            "llamacpp_exporter_events_write_errors", "Failed writes to the events file.", registry=r
+        )
         self.diag_available.set(-1)
         self.verbosity.set(-1)
         self._init_series()

@@ -236,13 +236,42 @@ class Unrecognized:
     """A line shaped like a server line whose message we do not know: a new build's log."""
 
 
-Event = Union[
-    ServerStarting, Verbosity, SlotsInitialized, CacheEnabled, ConversationIdSeen, SlotSelected,
-    CacheUpdateStarted, PromptSaved, PromptSaveSkipped, ObsoleteEntryRemoved, CacheLookup,
-    CacheCandidate, CacheRestored, CacheState, CacheEntryListed, CacheUpdateTook, CacheEvicted,
-    CacheRestoreFailed, LoraCacheCleared, TaskLaunched, IdleSlotSaving, SlotPromptCleared,
-    NewPrompt, CachedTokens, FullReprocessForced, PrefillFinished, PrefillProgress, PromptTiming,
-    EvalTiming, TaskReleased, TaskCancelled, TaskFailed, DebugLine, Ignored, Unrecognized,
+Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
+    ServerStarting,
+    Verbosity,
+    SlotsInitialized,
+    CacheEnabled,
+    ConversationIdSeen,
+    SlotSelected,
+    CacheUpdateStarted,
+    PromptSaved,
+    PromptSaveSkipped,
+    ObsoleteEntryRemoved,
+    CacheLookup,
+    CacheCandidate,
+    CacheRestored,
+    CacheState,
+    CacheEntryListed,
+    CacheUpdateTook,
+    CacheEvicted,
+    CacheRestoreFailed,
+    LoraCacheCleared,
+    TaskLaunched,
+    IdleSlotSaving,
+    SlotPromptCleared,
+    NewPrompt,
+    CachedTokens,
+    FullReprocessForced,
+    PrefillFinished,
+    PrefillProgress,
+    PromptTiming,
+    EvalTiming,
+    TaskReleased,
+    TaskCancelled,
+    TaskFailed,
+    DebugLine,
+    Ignored,
+    Unrecognized,
 ]
 
 
@@ -267,7 +296,9 @@ _TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \|
 
 _FLOAT = r"(-?\d+(?:\.\d+)?)"
 
-_RE_SELECTED_LCP = re.compile(r"selected slot by LCP similarity, f_sim_best = [\d.]+ \(> [\d.]+ thold\), f_keep = " + _FLOAT)
+_RE_SELECTED_LCP = re.compile(
+    r"selected slot by LCP similarity, f_sim_best = [\d.]+ \(> [\d.]+ thold\), f_keep = " + _FLOAT
+)
 _RE_NEW_PROMPT = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (\d+)")
 _RE_CACHED = re.compile(r"cached n_tokens = (\d+),")
 _RE_PROMPT_TIMING = re.compile(r"prompt eval time = +" + _FLOAT + r" ms / +(\d+) tokens")
@@ -294,13 +325,33 @@ _RE_SEND_ERROR = re.compile(r"task id = (\d+), error: ")
 
 # slot-line messages that are known and carry nothing we need
 _SLOT_IGNORED_PREFIXES = (
-    " - skipping", " - checking sim", "sampler chain", "sampler params", "created context checkpoint",
-    "checking checkpoint", "restored context checkpoint", "erased invalidated context checkpoint",
-    "erasing old context checkpoint", "erasing context checkpoint", "superseding context checkpoint",
-    "graphs reused", "total time", "n_gen =", "draft acceptance", "acc per pos", "new slot",
-    "n_past was set", "keeping cache for alora", "reusing chunk", "slot context shift",
-    "accepted ", "empty prompt", "cache reuse is not supported", "need to evaluate at least 1 token",
-    "got exception", "failed to load prompt from cache",
+    " - skipping",
+    " - checking sim",
+    "sampler chain",
+    "sampler params",
+    "created context checkpoint",
+    "checking checkpoint",
+    "restored context checkpoint",
+    "erased invalidated context checkpoint",
+    "erasing old context checkpoint",
+    "erasing context checkpoint",
+    "superseding context checkpoint",
+    "graphs reused",
+    "total time",
+    "n_gen =",
+    "draft acceptance",
+    "acc per pos",
+    "new slot",
+    "n_past was set",
+    "keeping cache for alora",
+    "reusing chunk",
+    "slot context shift",
+    "accepted ",
+    "empty prompt",
+    "cache reuse is not supported",
+    "need to evaluate at least 1 token",
+    "got exception",
+    "failed to load prompt from cache",
 )
 
 
@@ -457,7 +508,7 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
                 return ParsedLine(ts_us, Verbosity(int(v.group(1))))
         return ParsedLine(ts_us, IGNORED)
     tag = m.group(1)
-    msg = text[m.end():]
+    msg = text[m.end() :]
     if tag == "slot":
         if m.group(3) is None:
             return ParsedLine(ts_us, UNRECOGNIZED)
@@ -489,7 +540,7 @@ def _parse_line(line: str) -> ParsedLine:
     if line.startswith("["):
         m = _ROUTER.match(line)
         if m:
-            line = line[m.end():]
+            line = line[m.end() :]
     if line.startswith("{"):
         return _parse_jsonl(line)
     m = _PREFIX.match(line)
@@ -500,13 +551,8 @@ def _parse_line(line: str) -> ParsedLine:
         return parse_message(line, None, None)
     ts = None
     if m.group(1) is not None:
-        ts = (
-            int(m.group(1)) * 60_000_000
-            + int(m.group(2)) * 1_000_000
-            + int(m.group(3)) * 1_000
-            + int(m.group(4))
-        )
-    return parse_message(line[m.end():], ts, m.group(5))
+        ts = int(m.group(1)) * 60_000_000 + int(m.group(2)) * 1_000_000 + int(m.group(3)) * 1_000 + int(m.group(4))
+    return parse_message(line[m.end() :], ts, m.group(5))
 
 
 def _parse_jsonl(line: str) -> ParsedLine:

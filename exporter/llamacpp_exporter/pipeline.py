@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 from prometheus_client import CollectorRegistry
 
 from . import parse
-from .assemble import AssemblySettings, Assembler
+from .assemble import Assembler, AssemblySettings
 from .metrics import ExporterMetrics
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 
@@ -56,8 +57,9 @@ class EventsFile:
 class _Sink:
     """Assembler sink: metrics always, the events file when configured, warnings once."""
 
-    def __init__(self, metrics: ExporterMetrics, events: EventsFile | None,
-                 extra: Callable[[RequestRecord], None] | None) -> None:
+    def __init__(
+        self, metrics: ExporterMetrics, events: EventsFile | None, extra: Callable[[RequestRecord], None] | None
+    ) -> None:
         self.metrics = metrics
         self.events = events
         self.extra = extra
@@ -148,8 +150,13 @@ class Pipeline:
             self.events.close()
 
 
-def replay(path: str, registry: CollectorRegistry, settings: AssemblySettings | None = None,
-           events_path: str | None = None, now: float = 0.0) -> Pipeline:
+def replay(
+    path: str,
+    registry: CollectorRegistry,
+    settings: AssemblySettings | None = None,
+    events_path: str | None = None,
+    now: float = 0.0,
+) -> Pipeline:
     """Run a whole log file through the pipeline at full speed (tests, `analyze`)."""
     pl = Pipeline(registry, settings, events_path=events_path, clock=lambda: now)
     with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:

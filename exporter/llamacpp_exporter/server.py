@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import httpx
 from prometheus_client.core import Metric
@@ -52,16 +53,18 @@ def parse_slots(obj: Any) -> SlotsSnapshot:
         n_decoded = None
         if isinstance(nt, list) and nt and isinstance(nt[0], dict):
             n_decoded = _int(nt[0].get("n_decoded"))
-        slots.append(SlotState(
-            id=el["id"],
-            id_task=_int(el.get("id_task")),
-            is_processing=bool(el.get("is_processing")),
-            n_prompt_tokens=_int(el.get("n_prompt_tokens")),
-            n_prompt_tokens_processed=_int(el.get("n_prompt_tokens_processed")),
-            n_prompt_tokens_cache=_int(el.get("n_prompt_tokens_cache")),
-            n_decoded=n_decoded,
-            lora=lora,
-        ))
+        slots.append(
+            SlotState(
+                id=el["id"],
+                id_task=_int(el.get("id_task")),
+                is_processing=bool(el.get("is_processing")),
+                n_prompt_tokens=_int(el.get("n_prompt_tokens")),
+                n_prompt_tokens_processed=_int(el.get("n_prompt_tokens_processed")),
+                n_prompt_tokens_cache=_int(el.get("n_prompt_tokens_cache")),
+                n_decoded=n_decoded,
+                lora=lora,
+            )
+        )
     return SlotsSnapshot(tuple(slots))
 
 
@@ -122,8 +125,12 @@ class ServerPoller:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
-                                   timeout=httpx.Timeout(timeout, connect=min(timeout, 1.0)), transport=transport)
+        self.client = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers=headers,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 1.0)),
+            transport=transport,
+        )
         self.interval = interval
         self.poll_slots = poll_slots
         self.poll_metrics = poll_metrics
@@ -170,12 +177,16 @@ class ServerPoller:
     def poll_slots_once(self) -> SlotsSnapshot | None:
         r = self._get("slots", "/slots")
         if r is None:
+            # an empty snapshot still tells the assembler a poll happened, so records that
+            # wait for their task's LoRA are emitted (as unknown) instead of held back
+            self.on_snapshot(SlotsSnapshot(()))
             return None
         try:
             snap = parse_slots(r.json())
         except ValueError as e:
             self.metrics.scrape_errors.labels("slots").inc()
             log.warning("unexpected /slots answer: %s", e)
+            self.on_snapshot(SlotsSnapshot(()))
             return None
         self.on_snapshot(snap)
         return snap

@@ -11,7 +11,8 @@ import logging
 import os
 import subprocess
 import threading
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,14 @@ class FileFollower:
     place (llama-server's --log-file at every restart), a file that does not exist yet,
     and partial last lines. Polling, like ``tail -F`` on filesystems without inotify."""
 
-    def __init__(self, path: str, splitter: LineSplitter, stats: SourceStats, from_start: bool = False,
-                 chunk_bytes: int = 1 << 20) -> None:
+    def __init__(
+        self,
+        path: str,
+        splitter: LineSplitter,
+        stats: SourceStats,
+        from_start: bool = False,
+        chunk_bytes: int = 1 << 20,
+    ) -> None:
         self.path = path
         self.splitter = splitter
         self.stats = stats
@@ -233,16 +240,21 @@ def follow_stream(stream: IO[bytes], splitter: LineSplitter, stop: threading.Eve
     splitter.flush()
 
 
-def follow_command(command: str, splitter: LineSplitter, stats: SourceStats, stop: threading.Event,
-                   max_backoff: float = 30.0) -> None:
+def follow_command(
+    command: str, splitter: LineSplitter, stats: SourceStats, stop: threading.Event, max_backoff: float = 30.0
+) -> None:
     """Run a command (``journalctl -f ...``, ``docker logs -f ...``) and follow its stdout and
     stderr; restart it with backoff when it exits."""
     backoff = 1.0
     while not stop.is_set():
         try:
             proc = subprocess.Popen(
-                command, shell=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                command,
+                shell=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         except OSError as e:
             stats.read_error()

@@ -1,0 +1,20 @@
+"""Style is checked like the tests: ruff lint and format over the package, tests and benchmarks."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PATHS = ["exporter", "tests", "benchmarks"]
+
+
+def test_ruff_lint():
+    res = subprocess.run([sys.executable, "-m", "ruff", "check", *PATHS], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_ruff_format():
+    res = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", *PATHS], cwd=ROOT, capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
