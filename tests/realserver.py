@@ -52,6 +52,30 @@ def model_files() -> tuple[Path, Path]:
     return Path(out[0]), Path(out[1])
 
 
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not become healthy in {timeout} s")
+
+
+def terminate(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 @dataclass
 class LlamaServer:
     binary: Path
@@ -115,26 +139,11 @@ class LlamaServer:
         out = open(self.workdir / "llama-server.console" if self.log_file else self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
         out.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("llama-server did not become healthy")
+        wait_healthy(self.proc, self.url + "/health", timeout, f"llama-server (log {self.log_path})")
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self.proc = None
 
 
@@ -166,26 +175,12 @@ class ExporterProcess:
             stdin=subprocess.DEVNULL,
         )
         err.close()
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exporter exited: {self.stderr_path.read_text()}")
-            try:
-                if httpx.get(self.url + "/-/healthy", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("exporter did not start")
+        wait_healthy(self.proc, self.url + "/-/healthy", 20, f"exporter (stderr {self.stderr_path})")
+        return self
 
     def metrics_text(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        terminate(self.proc)
         self.proc = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,31 @@ def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterP
         ],
         workdir,
     ).start()
+
+
+@dataclass
+class Run:
+    truths: list[Truth]
+    records: list[dict]
+    metrics: str
+    server_log: str
+    exporter_log: str
+
+
+def run_workload(parts, workdir: Path, workload, **server_options) -> Run:
+    """Start a real llama-server and the exporter, run the workload, collect everything."""
+    srv = LlamaServer(*parts, workdir=workdir, **server_options).start()
+    exp = None
+    try:
+        exp = start_exporter(srv, workdir)
+        truths = workload(srv.url)
+        recs = wait_records(workdir / "events.jsonl", len(truths))
+        text = exp.metrics_text()
+    finally:
+        if exp:
+            exp.stop()
+        srv.stop()
+    return Run(truths, recs, text, srv.log_path.read_text(errors="replace"), exp.stderr_path.read_text())
 
 
 def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
@@ -103,17 +129,8 @@ def assert_no_text(workdir: Path, *texts: str) -> None:
 
 
 def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts, tmp_path):
-    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=1, ctx=4096, cache_ram=256).start()
-    exp = None
-    try:
-        exp = start_exporter(srv, tmp_path)
-        truths = seed_scenario(srv.url)
-        recs = wait_records(tmp_path / "events.jsonl", 3)
-        text = exp.metrics_text()
-    finally:
-        if exp:
-            exp.stop()
-        srv.stop()
+    run = run_workload(parts, tmp_path, seed_scenario, n_parallel=1, ctx=4096, cache_ram=256)
+    truths, recs, text = run.truths, run.records, run.metrics
     assert truths[2].cache_n == 0  # the seed's symptom, as the server reports it
     pairs = match(recs, truths)
     for t, r in pairs:
@@ -165,20 +182,10 @@ def check_chat_records(pairs: list[tuple[Truth, dict]], log_text: str, truths: l
 
 
 def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path):
-    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=2).start()
-    exp = None
-    try:
-        exp = start_exporter(srv, tmp_path)
-        truths = chat_workload(srv.url, turns=4)
-        recs = wait_records(tmp_path / "events.jsonl", len(truths))
-        text = exp.metrics_text()
-        log_text = srv.log_path.read_text(errors="replace")
-    finally:
-        if exp:
-            exp.stop()
-        srv.stop()
-    pairs = match(recs, truths)
-    seen = check_chat_records(pairs, log_text, truths)
+    run = run_workload(parts, tmp_path, lambda url: chat_workload(url, turns=4), n_parallel=2)
+    truths, text = run.truths, run.metrics
+    pairs = match(run.records, truths)
+    seen = check_chat_records(pairs, run.server_log, truths)
     print("restores seen:", seen)
     assert seen["kept"] > 0
     # aggregate metrics agree with the records
@@ -195,19 +202,9 @@ def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path):
 
 
 def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path):
-    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=2, verbosity=3).start()
-    exp = None
-    try:
-        exp = start_exporter(srv, tmp_path)
-        truths = chat_workload(srv.url, turns=3, seed=13)
-        recs = wait_records(tmp_path / "events.jsonl", len(truths))
-        text = exp.metrics_text()
-        stderr = exp.stderr_path.read_text()
-    finally:
-        if exp:
-            exp.stop()
-        srv.stop()
-    pairs = match(recs, truths)
+    run = run_workload(parts, tmp_path, lambda url: chat_workload(url, turns=3, seed=13), n_parallel=2, verbosity=3)
+    truths, text, stderr = run.truths, run.metrics, run.exporter_log
+    pairs = match(run.records, truths)
     from_slots = 0
     for t, r in pairs:
         assert r["prefill_tokens"] == t.prompt_n
@@ -230,20 +227,12 @@ def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path):
 
 
 def test_jsonl_log_format(parts, tmp_path):
-    srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=2, jsonl=True).start()
-    exp = None
-    try:
-        exp = start_exporter(srv, tmp_path)
-        truths = chat_workload(srv.url, n_convs=4, turns=3, seed=17, long_system=(0,))
-        recs = wait_records(tmp_path / "events.jsonl", len(truths))
-        text = exp.metrics_text()
-        log_text = srv.log_path.read_text(errors="replace")
-    finally:
-        if exp:
-            exp.stop()
-        srv.stop()
-    assert log_text.lstrip().startswith("{")
-    pairs = match(recs, truths)
+    run = run_workload(
+        parts, tmp_path, lambda url: chat_workload(url, n_convs=4, turns=3, seed=17, long_system=(0,)), jsonl=True
+    )
+    truths, text = run.truths, run.metrics
+    assert run.server_log.lstrip().startswith("{")
+    pairs = match(run.records, truths)
     for t, r in pairs:
         assert r["prompt_tokens"] == t.prompt_n + t.cache_n
         assert r["reused_tokens"] == t.cache_n
