@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PATHS = ["exporter", "tests", "benchmarks"]
+PATHS = ["exporter", "tests", "benchmarks", "alerts", "dashboards"]
 
 
 def test_ruff_lint():

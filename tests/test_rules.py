@@ -1,0 +1,113 @@
+"""Alert and recording rules: generated from one thresholds file, valid for promtool, unit
+tested (a firing and a not-firing case for every alert), documented in the runbook, and
+built only on metrics the exporter really exports."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+ALERTS = ROOT / "alerts"
+RULE_FILES = [ALERTS / "llamacpp-rules.yaml", ALERTS / "llamacpp-alerts.yaml"]
+TESTS = ROOT / "tests" / "alerts" / "llamacpp-alerts.test.yaml"
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess:
+    path = shutil.which("promtool")
+    assert path, "promtool is missing: the test set-up installs Debian's prometheus package"
+    return subprocess.run([path, *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def alerts() -> list[dict]:
+    doc = yaml.safe_load((ALERTS / "llamacpp-alerts.yaml").read_text())
+    return [r for g in doc["groups"] for r in g["rules"]]
+
+
+def test_generated_rules_are_up_to_date():
+    res = subprocess.run([sys.executable, str(ALERTS / "build.py"), "--check"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+def test_promtool_check_rules():
+    res = promtool("check", "rules", *map(str, RULE_FILES))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_promtool_unit_tests():
+    res = promtool("test", "rules", str(TESTS))
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_every_alert_has_a_firing_and_a_not_firing_case():
+    tests = yaml.safe_load(TESTS.read_text())["tests"]
+    firing, quiet = set(), set()
+    for t in tests:
+        for a in t.get("alert_rule_test", []):
+            (firing if a.get("exp_alerts") else quiet).add(a["alertname"])
+    names = {a["alert"] for a in alerts()}
+    assert names - firing == set(), "alerts without a firing case"
+    assert names - quiet == set(), "alerts without a not-firing case"
+
+
+REQUIRED = {
+    "LlamaCppRamCacheMissRateHigh",
+    "LlamaCppPromptCacheWrongfulLoraDiscard",
+    "LlamaCppPromptCacheLoraMismatchReuse",
+    "LlamaCppPrefillContention",
+    "LlamaCppPromptCacheThrashing",
+    "LlamaCppServerDown",
+    "LlamaCppExporterDown",
+    "LlamaCppLogStale",
+    "LlamaCppLogParseDrift",
+    "LlamaCppCacheDiagnosticsUnavailable",
+}
+
+
+def test_alerts_are_complete_and_documented():
+    runbook = (ALERTS / "runbook.md").read_text()
+    anchors = {h[3:].strip().lower() for h in runbook.splitlines() if h.startswith("## ")}
+    names = set()
+    for a in alerts():
+        names.add(a["alert"])
+        assert a["labels"]["severity"] in ("critical", "warning", "info")
+        assert {"summary", "description", "runbook_url"} <= set(a["annotations"])
+        assert "for" in a
+        assert a["annotations"]["runbook_url"].endswith("#" + a["alert"].lower())
+        assert a["alert"].lower() in anchors, f"no runbook section for {a['alert']}"
+    assert REQUIRED <= names
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the exporter can serve: its own families (with their _total,
+    _bucket, _sum, _count samples) and llama-server's re-exported ones."""
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.metrics import ExporterMetrics
+
+    reg = CollectorRegistry()
+    ExporterMetrics(reg)
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    names = {f.name + sfx for f in reg.collect() for sfx in suffixes.get(f.type, [""])}
+    for line in (ROOT / "tests" / "fixtures" / "server" / "metrics.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0].replace("llamacpp:", "llamacpp_server_"))
+    return names
+
+
+METRIC_RE = re.compile(r"\b(llamacpp_[a-z0-9_]+)")
+
+
+def test_rules_only_use_exported_metrics():
+    recorded = {r["record"] for g in yaml.safe_load(RULE_FILES[0].read_text())["groups"] for r in g["rules"]}
+    exported = exported_metric_names()
+    for f in RULE_FILES:
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            for r in g["rules"]:
+                for m in METRIC_RE.findall(r["expr"]):
+                    assert m in exported or any(m in rec for rec in recorded), f"{m} in {r.get('alert') or r['record']}"
