@@ -10,8 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from llamacpp_exporter.pipeline import Pipeline
 from prometheus_client import CollectorRegistry
+
+from llamacpp_exporter.pipeline import Pipeline
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "logs"
 

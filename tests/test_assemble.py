@@ -7,11 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
+
 from llamacpp_exporter import parse as p
 from llamacpp_exporter.assemble import Assembler, AssemblySettings
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
-from prometheus_client import CollectorRegistry
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from llamacpp_exporter.cli import build_parser, config_from_args
 from llamacpp_exporter.config import ConfigError, load_file, read_api_key, validate
 

@@ -11,9 +11,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from llamacpp_exporter.pipeline import replay
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+
+from llamacpp_exporter.pipeline import replay
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 GOLDEN = Path(__file__).parent / "golden"

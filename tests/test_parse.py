@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from llamacpp_exporter import parse as p
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"

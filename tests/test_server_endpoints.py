@@ -13,12 +13,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-from llamacpp_exporter.metrics import ExporterMetrics
-from llamacpp_exporter.records import SlotsSnapshot
-from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 from realserver import ExporterProcess, free_port
+
+from llamacpp_exporter.metrics import ExporterMetrics
+from llamacpp_exporter.records import SlotsSnapshot
+from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
 
 FIX = Path(__file__).parent / "fixtures" / "server"
 
