@@ -262,16 +262,31 @@ sum by ({BY}) (increase(llamacpp_exporter_log_lines_total{{{s}, result="unrecogn
     }
 
 
+def prometheus_rule(c: dict[str, Any]) -> dict[str, Any]:
+    """The same groups as a Prometheus Operator PrometheusRule."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "llamacpp-exporter"},
+        "spec": {"groups": recording_rules(c)["groups"] + alerting_rules(c)["groups"]},
+    }
+
+
 def render() -> dict[str, str]:
+    """File name (relative to the repository) -> content."""
     c = yaml.safe_load((HERE / "config" / "thresholds.yaml").read_text())
     dump = lambda d: HEADER + yaml.safe_dump(d, sort_keys=False, width=200, allow_unicode=True)  # noqa: E731
-    return {"llamacpp-rules.yaml": dump(recording_rules(c)), "llamacpp-alerts.yaml": dump(alerting_rules(c))}
+    return {
+        "alerts/llamacpp-rules.yaml": dump(recording_rules(c)),
+        "alerts/llamacpp-alerts.yaml": dump(alerting_rules(c)),
+        "deploy/kubernetes/prometheusrule.yaml": dump(prometheus_rule(c)),
+    }
 
 
 def main() -> int:
     stale = []
     for name, text in render().items():
-        path = HERE / name
+        path = HERE.parent / name
         if "--check" in sys.argv:
             if not path.exists() or path.read_text() != text:
                 stale.append(name)

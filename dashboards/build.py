@@ -1,0 +1,785 @@
+"""Render the Grafana dashboards (JSON, provisioned from files as they are).
+
+    .venv/bin/python dashboards/build.py          # writes dashboards/*.json
+    .venv/bin/python dashboards/build.py --check  # exit 1 if the committed files are stale
+
+Every dashboard has datasource, job and instance variables, a stable uid, and a unit and a
+description on every panel. Queries aggregate across the selected instances, so one
+dashboard serves one server or fifty.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+THRESHOLDS = yaml.safe_load((HERE.parent / "alerts" / "config" / "thresholds.yaml").read_text())
+DS = {"type": "prometheus", "uid": "${datasource}"}
+S = 'job=~"$job", instance=~"$instance"'  # every series selector carries these
+RI = "$__rate_interval"
+
+
+def variables() -> dict[str, Any]:
+    def query_var(name: str, label: str, query: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": DS,
+            "definition": query,
+            "query": {"query": query, "refId": f"{name}-variable"},
+            "refresh": 2,
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".+",
+            "sort": 1,
+            "current": {},
+            "options": [],
+            "hide": 0,
+        }
+
+    return {
+        "list": [
+            {
+                "name": "datasource",
+                "label": "Data source",
+                "type": "datasource",
+                "query": "prometheus",
+                "current": {},
+                "options": [],
+                "refresh": 1,
+                "regex": "",
+                "hide": 0,
+            },
+            query_var("job", "Job", "label_values(llamacpp_up, job)"),
+            query_var("instance", "Instance", 'label_values(llamacpp_up{job=~"$job"}, instance)'),
+        ]
+    }
+
+
+class Layout:
+    """Places panels left to right, 24 columns wide, and numbers them."""
+
+    def __init__(self) -> None:
+        self.panels: list[dict[str, Any]] = []
+        self.x = self.y = 0
+        self.row_h = 0
+        self.next_id = 1
+
+    def row(self, title: str) -> None:
+        self.newline()
+        self.panels.append(
+            {
+                "id": self._id(),
+                "type": "row",
+                "title": title,
+                "collapsed": False,
+                "panels": [],
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": self.y},
+            }
+        )
+        self.y += 1
+
+    def newline(self) -> None:
+        if self.x:
+            self.y += self.row_h
+            self.x = self.row_h = 0
+
+    def add(self, panel: dict[str, Any], w: int, h: int) -> None:
+        if self.x + w > 24:
+            self.newline()
+        panel["id"] = self._id()
+        panel["gridPos"] = {"h": h, "w": w, "x": self.x, "y": self.y}
+        self.panels.append(panel)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+
+    def _id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+
+def target(expr: str, legend: str, ref: str, exemplar: bool = False, instant: bool = False) -> dict[str, Any]:
+    t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "exemplar": exemplar}
+    if instant:
+        t["instant"] = True
+        t["range"] = False
+    else:
+        t["range"] = True
+    return t
+
+
+def _targets(queries: list[tuple[str, str]], exemplar: bool, instant: bool = False) -> list[dict[str, Any]]:
+    return [target(e, leg, chr(ord("A") + i), exemplar, instant) for i, (e, leg) in enumerate(queries)]
+
+
+def timeseries(
+    title: str,
+    description: str,
+    unit: str,
+    queries: list[tuple[str, str]],
+    *,
+    stack: bool = False,
+    exemplar: bool = False,
+    threshold: float | None = None,
+    overrides: list[dict[str, Any]] | None = None,
+    minimum: float | None = 0,
+) -> dict[str, Any]:
+    custom: dict[str, Any] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}
+    if stack:
+        custom["stacking"] = {"mode": "normal", "group": "A"}
+        custom["fillOpacity"] = 40
+    defaults: dict[str, Any] = {"unit": unit, "custom": custom}
+    if minimum is not None:
+        defaults["min"] = minimum
+    if threshold is not None:
+        custom["thresholdsStyle"] = {"mode": "line+area"}
+        defaults["thresholds"] = {
+            "mode": "absolute",
+            "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": threshold}],
+        }
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {"defaults": defaults, "overrides": overrides or []},
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
+        "targets": _targets(queries, exemplar),
+    }
+
+
+def stat(
+    title: str,
+    description: str,
+    unit: str,
+    expr: str,
+    *,
+    red_above: float | None = None,
+    mappings: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
+    if red_above is not None:
+        steps.append({"color": "red", "value": red_above})
+    return {
+        "type": "stat",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "thresholds": {"mode": "absolute", "steps": steps},
+                "mappings": mappings or [],
+            },
+            "overrides": [],
+        },
+        "options": {
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "colorMode": "background",
+            "graphMode": "none",
+            "textMode": "auto",
+        },
+        "targets": _targets([(expr, "")], False, instant=True),
+    }
+
+
+def color(name: str, c: str) -> dict[str, Any]:
+    return {
+        "matcher": {"id": "byName", "options": name},
+        "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": c}}],
+    }
+
+
+def dashboard(uid: str, title: str, description: str, layout: Layout, links: list[str]) -> dict[str, Any]:
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "id": None,
+        "tags": ["llamacpp", "llama-server"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-3h", "to": "now"},
+        "timepicker": {},
+        "fiscalYearStartMonth": 0,
+        "liveNow": False,
+        "weekStart": "",
+        "templating": variables(),
+        "annotations": {
+            "list": [
+                {
+                    "builtIn": 1,
+                    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+                    "enable": True,
+                    "hide": True,
+                    "iconColor": "rgba(0, 211, 255, 1)",
+                    "name": "Annotations & Alerts",
+                    "type": "dashboard",
+                }
+            ]
+        },
+        "links": [
+            {
+                "title": t,
+                "type": "link",
+                "url": f"/d/{u}?${{__url_time_range}}&${{__all_variables}}",
+                "icon": "dashboard",
+                "targetBlank": False,
+                "tooltip": "",
+                "asDropdown": False,
+                "includeVars": False,
+                "keepTime": False,
+                "tags": [],
+            }
+            for u, t in (l_.split("|") for l_ in links)
+        ],
+        "panels": layout.panels,
+    }
+
+
+def ram_miss_ratio(by: str) -> str:
+    outcomes = "llamacpp_prompt_cache_outcomes_total"
+    return (
+        f'sum by ({by}) (rate({outcomes}{{{S}, path="ram", outcome="miss"}}[{RI}]))\n'
+        f'/\nsum by ({by}) (rate({outcomes}{{{S}, path="ram"}}[{RI}]))'
+    )
+
+
+def quantiles(metric: str, by: str, legend: str) -> list[tuple[str, str]]:
+    sep = ", " if by else ""
+    return [
+        (
+            f"histogram_quantile({q}, sum by (le{sep}{by}) (rate({metric}_bucket{{{S}}}[{RI}])))",
+            f"p{int(q * 100)} {legend}".strip(),
+        )
+        for q in (0.5, 0.9)
+    ]
+
+
+LINKS = [
+    "llamacpp-overview|llama.cpp overview",
+    "llamacpp-prompt-cache|llama.cpp prompt cache",
+    "llamacpp-contention|llama.cpp prefill contention",
+]
+
+
+def overview() -> dict[str, Any]:
+    miss_t = THRESHOLDS["ram_miss_rate"]["ratio"]
+    up_map = [{"type": "value", "options": {"0": {"text": "all up", "color": "green"}}}]
+    diag_map = [
+        {
+            "type": "value",
+            "options": {
+                "1": {"text": "-lv 4: on", "color": "green"},
+                "0": {"text": "off (-lv 3)", "color": "orange"},
+                "-1": {"text": "unknown", "color": "blue"},
+            },
+        }
+    ]
+    lay = Layout()
+    lay.row("At a glance")
+    lay.add(
+        stat(
+            "Servers down",
+            "llama-servers whose /health the exporter cannot reach (llamacpp_up{endpoint=health} == 0).",
+            "none",
+            f'count(llamacpp_up{{{S}, endpoint="health"}} == 0) or vector(0)',
+            red_above=1,
+            mappings=up_map,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Requests",
+            "Completed requests per second, all selected servers.",
+            "reqps",
+            f"sum(rate(llamacpp_requests_total{{{S}}}[{RI}]))",
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "RAM-path miss ratio",
+            "Share of long prompts (>= cache.min_prompt_tokens) coming back through the RAM prompt cache that "
+            "reused less than 10% of their prompt. Needs -lv 4.",
+            "percentunit",
+            ram_miss_ratio("job"),
+            red_above=miss_t,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Wrongful LoRA discards",
+            "Restored RAM-cache entries that llama-server discarded for a LoRA change although they were computed "
+            "under the request's own LoRA (the seed's bug), over the last 15 minutes.",
+            "none",
+            f'sum(increase(llamacpp_prompt_cache_restores_total{{{S}, result="discarded_lora_wrongful"}}[15m]))',
+            red_above=0.5,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Cache diagnostics",
+            "Whether llama-server logs at -lv 4, which the RAM prompt-cache diagnostics need (lowest across servers).",
+            "none",
+            f"min(llamacpp_exporter_cache_diagnostics_available{{{S}}})",
+            mappings=diag_map,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Unrecognized log lines",
+            "Log lines per second the exporter did not recognise. Rising: a new llama.cpp build changed its log.",
+            "short",
+            f'sum(rate(llamacpp_exporter_log_lines_total{{{S}, result="unrecognized"}}[{RI}]))',
+            red_above=0.01,
+        ),
+        4,
+        4,
+    )
+    lay.row("Requests and the RAM prompt cache")
+    lay.add(
+        timeseries(
+            "Requests by path and LoRA",
+            "Completed requests per second by how the slot was chosen (slot: it still held the conversation; "
+            "ram: LRU, the RAM cache was consulted; pinned: id_slot) and LoRA state.",
+            "reqps",
+            [(f"sum by (path, lora) (rate(llamacpp_requests_total{{{S}}}[{RI}]))", "{{path}} / lora {{lora}}")],
+            stack=True,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "RAM-path miss ratio by LoRA",
+            "Share of long RAM-path prompts that missed the cache, by LoRA state. The red line is the "
+            "LlamaCppRamCacheMissRateHigh threshold (the alert also needs enough requests).",
+            "percentunit",
+            [(ram_miss_ratio("lora"), "lora {{lora}}")],
+            threshold=miss_t,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "RAM-cache restores by result",
+            "What became of restored RAM-cache entries: kept, reprocessed, or discarded for a LoRA change "
+            "(wrongful: computed under the request's own LoRA; correct: under another).",
+            "ops",
+            [
+                (
+                    f"sum by (result) (rate(llamacpp_prompt_cache_restores_total{{{S}}}[{RI}]))",
+                    "{{result}}",
+                )
+            ],
+            overrides=[
+                color("discarded_lora_wrongful", "red"),
+                color("discarded_lora_correct", "orange"),
+                color("kept", "green"),
+            ],
+        ),
+        8,
+        8,
+    )
+    lay.row("Latency")
+    lay.add(
+        timeseries(
+            "Prefill duration",
+            "Prefill time per request (slot start to first token), p50 and p90. Exemplars name slot and task.",
+            "s",
+            quantiles("llamacpp_prefill_duration_seconds", "", ""),
+            exemplar=True,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Time per output token by contention",
+            "Mean decode time per token of requests, p50 and p90, split by whether other slots were prefilling "
+            "during their decoding (prefill) or not (none).",
+            "s",
+            quantiles("llamacpp_time_per_output_token_seconds", "contention", "{{contention}}"),
+            exemplar=True,
+        ),
+        12,
+        8,
+    )
+    lay.row("RAM prompt cache")
+    lay.add(
+        timeseries(
+            "RAM cache size and limit",
+            "Bytes held by the RAM prompt cache and its --cache-ram limit, per server.",
+            "bytes",
+            [
+                (f"sum by (instance) (llamacpp_prompt_cache_bytes{{{S}}})", "{{instance}} used"),
+                (f"sum by (instance) (llamacpp_prompt_cache_limit_bytes{{{S}}})", "{{instance}} limit"),
+            ],
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "RAM cache evictions",
+            "Entries evicted from the RAM prompt cache per second, per server.",
+            "ops",
+            [(f"sum by (instance) (rate(llamacpp_prompt_cache_evictions_total{{{S}}}[{RI}]))", "{{instance}}")],
+        ),
+        12,
+        8,
+    )
+    lay.row("Exporter health")
+    lay.add(
+        timeseries(
+            "llama-server endpoints up",
+            "Whether the last request of the exporter to each llama-server endpoint succeeded (1) or not (0).",
+            "none",
+            [(f"llamacpp_up{{{S}}}", "{{instance}} {{endpoint}}")],
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Log lines by result",
+            "Log lines read per second: parsed, ignored (known, not needed), unrecognized, oversized.",
+            "short",
+            [(f"sum by (result) (rate(llamacpp_exporter_log_lines_total{{{S}}}[{RI}]))", "{{result}}")],
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Endpoint errors",
+            "Failed requests of the exporter to llama-server per second, by endpoint.",
+            "short",
+            [(f"sum by (endpoint) (rate(llamacpp_exporter_scrape_errors_total{{{S}}}[{RI}]))", "{{endpoint}}")],
+        ),
+        8,
+        8,
+    )
+    return dashboard(
+        "llamacpp-overview",
+        "llama.cpp overview",
+        "llama-server through llamacpp-exporter: requests, RAM prompt-cache misses and LoRA discards, latency.",
+        lay,
+        LINKS[1:],
+    )
+
+
+def prompt_cache() -> dict[str, Any]:
+    lay = Layout()
+    lay.row("Where requests come from")
+    lay.add(
+        timeseries(
+            "Selection path mix",
+            "Requests per second by slot-selection path: slot (LCP match, the slot still held the conversation), "
+            "ram (LRU, RAM cache consulted), pinned (id_slot), unknown (selection not seen).",
+            "reqps",
+            [(f"sum by (path) (rate(llamacpp_requests_total{{{S}}}[{RI}]))", "{{path}}")],
+            stack=True,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Outcomes by path and LoRA",
+            "Long prompts (>= cache.min_prompt_tokens) per second by outcome: hit (>= 90% reused), partial, "
+            "miss (< 10% reused).",
+            "reqps",
+            [
+                (
+                    f"sum by (path, lora, outcome) (rate(llamacpp_prompt_cache_outcomes_total{{{S}}}[{RI}]))",
+                    "{{outcome}} {{path}} / lora {{lora}}",
+                )
+            ],
+        ),
+        12,
+        8,
+    )
+    lay.row("Why prompts miss")
+    lay.add(
+        timeseries(
+            "Misses by cause",
+            "Long-prompt misses per second by cause: lora_discard (restored entry cleared for a LoRA change), "
+            "forced_reprocess (no usable SWA/hybrid checkpoint), no_cache_entry, slot_prefix_mismatch, unknown.",
+            "reqps",
+            [(f"sum by (cause) (rate(llamacpp_prompt_cache_misses_total{{{S}}}[{RI}]))", "{{cause}}")],
+            stack=True,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Restores by result and LoRA",
+            "RAM-cache restores per second by what became of them and the request's LoRA state.",
+            "ops",
+            [
+                (
+                    f"sum by (lora, result) (rate(llamacpp_prompt_cache_restores_total{{{S}}}[{RI}]))",
+                    "{{result}} / lora {{lora}}",
+                )
+            ],
+            overrides=[color("discarded_lora_wrongful / lora active", "red")],
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "LoRA mismatch reuse",
+            "Restored entries computed under another LoRA configuration and reused anyway, per second "
+            "(wrong-output risk).",
+            "ops",
+            [
+                (
+                    f"sum by (lora) (rate(llamacpp_prompt_cache_lora_mismatch_reuse_total{{{S}}}[{RI}]))",
+                    "lora {{lora}}",
+                )
+            ],
+        ),
+        8,
+        8,
+    )
+    lay.row("Tokens")
+    lay.add(
+        timeseries(
+            "Reused vs processed prompt tokens",
+            "Prompt tokens per second reused from the slot or the RAM cache against those computed again.",
+            "suffix: tok/s",
+            [
+                (f"sum(rate(llamacpp_prompt_tokens_reused_total{{{S}}}[{RI}]))", "reused"),
+                (
+                    f"sum(rate(llamacpp_prompt_tokens_total{{{S}}}[{RI}])) - "
+                    f"sum(rate(llamacpp_prompt_tokens_reused_total{{{S}}}[{RI}]))",
+                    "processed",
+                ),
+            ],
+            stack=True,
+            overrides=[color("reused", "green"), color("processed", "orange")],
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Small-task slot takeovers",
+            "Requests under takeover.small_task_tokens placed on a slot holding a conversation of "
+            "takeover.big_conversation_tokens or more (e.g. a health probe on /completion), per second.",
+            "ops",
+            [(f"sum(rate(llamacpp_small_task_slot_takeovers_total{{{S}}}[{RI}]))", "takeovers")],
+        ),
+        12,
+        8,
+    )
+    lay.row("The RAM cache itself")
+    lay.add(
+        timeseries(
+            "Cache entries",
+            "Entries held by the RAM prompt cache, per server.",
+            "none",
+            [(f"sum by (instance) (llamacpp_prompt_cache_entries{{{S}}})", "{{instance}}")],
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Cache update time",
+            "Time of one RAM prompt-cache save/load/update at slot selection, p50 and p90.",
+            "s",
+            quantiles("llamacpp_prompt_cache_update_duration_seconds", "", ""),
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Saves and evictions",
+            "Slot prompts saved into and entries evicted from the RAM prompt cache per second.",
+            "ops",
+            [
+                (f"sum(rate(llamacpp_prompt_cache_saves_total{{{S}}}[{RI}]))", "saves"),
+                (f"sum(rate(llamacpp_prompt_cache_evictions_total{{{S}}}[{RI}]))", "evictions"),
+            ],
+        ),
+        8,
+        8,
+    )
+    return dashboard(
+        "llamacpp-prompt-cache",
+        "llama.cpp prompt cache",
+        "Why prompts miss llama-server's prompt cache: selection paths, outcomes, causes, restores and LoRA.",
+        lay,
+        [LINKS[0], LINKS[2]],
+    )
+
+
+def contention() -> dict[str, Any]:
+    lay = Layout()
+    lay.row("Who is prefilling, who is waiting")
+    lay.add(
+        timeseries(
+            "Prefill tokens in progress per slot",
+            "Prompt tokens each slot's running prefill computes (0 when not prefilling), stacked. Needs -lv 4.",
+            "short",
+            [
+                (
+                    f"sum by (instance, slot) (llamacpp_slot_prefill_tokens_in_progress{{{S}}})",
+                    "{{instance}} slot {{slot}}",
+                )
+            ],
+            stack=True,
+        ),
+        12,
+        9,
+    )
+    lay.add(
+        timeseries(
+            "Time per output token by contention",
+            "Mean decode time per token of requests that decoded while another slot prefilled (prefill) and of "
+            "the others (none). Exemplars name slot and task.",
+            "s",
+            [
+                (
+                    f"sum by (contention) (rate(llamacpp_time_per_output_token_seconds_sum{{{S}}}[{RI}]))\n/\n"
+                    f"sum by (contention) (rate(llamacpp_time_per_output_token_seconds_count{{{S}}}[{RI}]))",
+                    "mean {{contention}}",
+                ),
+                *quantiles("llamacpp_time_per_output_token_seconds", "contention", "{{contention}}"),
+            ],
+            exemplar=True,
+        ),
+        12,
+        9,
+    )
+    lay.row("What it costs")
+    lay.add(
+        timeseries(
+            "Decoding overlapped by other slots' prefills",
+            "Share of time each slot spent decoding while another slot was prefilling.",
+            "percentunit",
+            [
+                (
+                    f"sum by (instance, slot) (rate(llamacpp_decode_prefill_overlap_seconds_total{{{S}}}[{RI}]))",
+                    "{{instance}} slot {{slot}}",
+                )
+            ],
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Prefill duration by path",
+            "p90 prefill time by slot-selection path. Exemplars point at the very request (slot, task) of a long "
+            "prefill.",
+            "s",
+            [
+                (
+                    f"histogram_quantile(0.9, sum by (le, path) (rate(llamacpp_prefill_duration_seconds_bucket{{{S}}}[{RI}])))",
+                    "p90 {{path}}",
+                )
+            ],
+            exemplar=True,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Prefill size by path",
+            "p90 of prompt tokens computed per prefill, by slot-selection path. Exemplars name slot and task.",
+            "short",
+            [
+                (
+                    f"histogram_quantile(0.9, sum by (le, path) (rate(llamacpp_prefill_tokens_bucket{{{S}}}[{RI}])))",
+                    "p90 {{path}}",
+                )
+            ],
+            exemplar=True,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Prefill seconds per second",
+            "Seconds of prefill completed per second of wall time, by path: above 1, prefills kept more than one slot busy.",
+            "percentunit",
+            [
+                (
+                    f"sum by (path) (rate(llamacpp_prefill_duration_seconds_sum{{{S}}}[{RI}]))",
+                    "{{path}}",
+                )
+            ],
+            stack=True,
+        ),
+        12,
+        8,
+    )
+    return dashboard(
+        "llamacpp-contention",
+        "llama.cpp prefill contention",
+        "Which long prefills slowed everyone's generation down, and by how much.",
+        lay,
+        LINKS[:2],
+    )
+
+
+DASHBOARDS = {
+    "llamacpp-overview.json": overview,
+    "llamacpp-prompt-cache.json": prompt_cache,
+    "llamacpp-contention.json": contention,
+}
+
+
+def render() -> dict[str, str]:
+    return {name: json.dumps(fn(), indent=2, ensure_ascii=False) + "\n" for name, fn in DASHBOARDS.items()}
+
+
+def main() -> int:
+    stale = []
+    for name, text in render().items():
+        path = HERE / name
+        if "--check" in sys.argv:
+            if not path.exists() or path.read_text() != text:
+                stale.append(name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"stale: {', '.join(stale)}; run dashboards/build.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
