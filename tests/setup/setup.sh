@@ -11,6 +11,7 @@ SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
 
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
+command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)

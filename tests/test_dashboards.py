@@ -1,0 +1,114 @@
+"""Dashboards: generated, provisionable as-is, shaped as Grafana expects, and built only on
+metrics the exporter exports; every query is valid PromQL for a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from promql import DASHBOARDS, ROOT, Prometheus, dashboard_expressions, metric_names
+from test_rules import exported_metric_names
+
+PANEL_TYPES = {"row", "timeseries", "stat"}
+
+
+def load(f):
+    return json.loads(f.read_text())
+
+
+def test_generated_dashboards_are_up_to_date():
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "dashboards" / "build.py"), "--check"], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+
+
+def test_three_dashboards_with_stable_unique_uids():
+    uids = [load(f)["uid"] for f in DASHBOARDS]
+    assert sorted(uids) == ["llamacpp-contention", "llamacpp-overview", "llamacpp-prompt-cache"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_shape(path):
+    d = load(path)
+    for key in ("uid", "title", "schemaVersion", "panels", "templating", "time", "tags"):
+        assert key in d, key
+    assert d["id"] is None and isinstance(d["schemaVersion"], int) and d["schemaVersion"] >= 36
+    assert len(d["uid"]) <= 40
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    for name in ("job", "instance"):
+        v = variables[name]
+        assert v["type"] == "query" and v["datasource"]["uid"] == "${datasource}"
+        assert v["multi"] and v["includeAll"]
+    ids = [p["id"] for p in d["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in d["panels"]:
+        assert p["type"] in PANEL_TYPES
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] > 0
+        if p["type"] == "row":
+            continue
+        assert p["title"] and p["description"], p["title"]
+        assert p["fieldConfig"]["defaults"]["unit"], p["title"]
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(refs) == len(set(refs))
+        for t in p["targets"]:
+            assert t["datasource"]["uid"] == "${datasource}"
+            for sel in _selectors(t["expr"]):
+                assert 'job=~"$job"' in sel and 'instance=~"$instance"' in sel, (p["title"], t["expr"])
+            for fn in ("rate(", "increase("):
+                for part in t["expr"].split(fn)[1:]:
+                    window = part.split("[", 1)[1].split("]", 1)[0]
+                    assert window in ("$__rate_interval", "15m"), (p["title"], window)
+
+
+def _selectors(expr: str) -> list[str]:
+    return re.findall(r"llamacpp_[a-z0-9_]+\{[^}]*\}", expr)
+
+
+def test_every_panel_selector_filters_job_and_instance():
+    for e in dashboard_expressions():
+        bare = re.findall(r"\bllamacpp_[a-z0-9_]+(?![a-z0-9_{])", e.expr)
+        assert not bare, f"{e.where}: metric without a selector: {bare}"
+
+
+def test_dashboards_only_use_exported_metrics():
+    exported = exported_metric_names()
+    for e in dashboard_expressions():
+        for m in metric_names(e.expr):
+            assert m in exported, f"{e.where}: {m} is not exported"
+    for f in DASHBOARDS:
+        for v in load(f)["templating"]["list"]:
+            if v["type"] == "query":
+                for m in metric_names(v["definition"]):
+                    assert m in exported
+
+
+def test_provisioning_files():
+    ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert ds["apiVersion"] == 1
+    (d,) = ds["datasources"]
+    assert d["type"] == "prometheus" and d["url"].startswith("http") and d["access"] == "proxy"
+    prov = yaml.safe_load((ROOT / "deploy/grafana/provisioning/dashboards/llamacpp.yaml").read_text())
+    assert prov["apiVersion"] == 1
+    (p,) = prov["providers"]
+    assert p["type"] == "file" and p["options"]["path"] == "/var/lib/grafana/dashboards"
+
+
+@pytest.fixture(scope="module")
+def empty_prometheus(tmp_path_factory):
+    prom = Prometheus(tmp_path_factory.mktemp("prom-parse"), {"global": {"scrape_interval": "15s"}})
+    yield prom
+    prom.stop()
+
+
+def test_every_dashboard_query_is_valid_promql(empty_prometheus):
+    for e in dashboard_expressions():
+        res = empty_prometheus.query(e.promql)
+        assert res["status"] == "success", f"{e.where}: {res.get('error')}"
