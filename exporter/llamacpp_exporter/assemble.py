@@ -49,6 +49,7 @@ class Sink(Protocol):
     def prefill_in_progress(self, slot: int, tokens: int) -> None: ...
     def server_restart(self) -> None: ...
     def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
+    def slots_known(self, slot_ids: list[int]) -> None: ...
     def debug_logging_seen(self) -> None: ...
 
 
@@ -100,6 +101,7 @@ class Assembler:
         self.verbosity: int | None = None
         self._diag: bool | None = None
         self._debug_warned = False
+        self._known_slots: set[int] = set()
         self._global_lora: tuple[tuple[int, float], ...] | None = None
         self._task_lora: OrderedDict[tuple[int, int], tuple[tuple[int, float], ...]] = OrderedDict()
         self._snapshot_seq = 0
@@ -157,6 +159,7 @@ class Assembler:
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
         self._snapshot_seq += 1
+        self._announce_slots(s.id for s in snap.slots)
         for s in snap.slots:
             if s.id_task is None:
                 continue
@@ -267,6 +270,15 @@ class Assembler:
         # epoch has no lines yet; with timestamps off this line is the only marker.
         if self._epoch_lines:
             self._new_epoch()
+
+    def _on_slots_initialized(self, ev: p.SlotsInitialized) -> None:
+        self._announce_slots(range(ev.n_slots))
+
+    def _announce_slots(self, ids) -> None:
+        new = [i for i in ids if i not in self._known_slots]
+        if new:
+            self._known_slots.update(new)
+            self.sink.slots_known(sorted(new))
 
     def _on_verbosity(self, ev: p.Verbosity) -> None:
         self.verbosity = ev.level
@@ -611,6 +623,7 @@ class Assembler:
 _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
     p.ServerStarting: Assembler._on_server_starting,
     p.Verbosity: Assembler._on_verbosity,
+    p.SlotsInitialized: Assembler._on_slots_initialized,
     p.DebugLine: Assembler._on_debug,
     p.SlotSelected: Assembler._on_slot_selected,
     p.IdleSlotSaving: Assembler._on_idle_slot_saving,

@@ -290,6 +290,11 @@ class ExporterMetrics:
     def prefill_in_progress(self, slot: int, tokens: int) -> None:
         self.prefill_in_progress_gauge.labels(str(slot)).set(tokens)
 
+    def slots_known(self, slot_ids: list[int]) -> None:
+        for i in slot_ids:
+            self.overlap.labels(str(i))
+            self.prefill_in_progress_gauge.labels(str(i))
+
     def server_restart(self) -> None:
         self.restarts.inc()
 
