@@ -225,3 +225,17 @@ def test_exporter_reads_standard_input(tmp_path):
 def test_exporter_follows_a_command(tmp_path):
     text = _run_exporter_on(["--log.command", f"cat {LOG}; sleep 60"], None, tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
+
+
+def test_directory_watch_wakes_on_append(tmp_path):
+    from llamacpp_exporter.tail import DirectoryWatch
+
+    f = tmp_path / "s.log"
+    f.write_text("")
+    w = DirectoryWatch(str(f))
+    assert w.fd >= 0, "inotify is available on Linux"
+    threading.Timer(0.1, lambda: append(f, "x\n")).start()
+    t0 = time.monotonic()
+    w.wait(5.0, threading.Event())
+    assert time.monotonic() - t0 < 2.0  # woken by the write, not by the 5 s timeout
+    w.close()

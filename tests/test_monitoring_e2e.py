@@ -1,0 +1,206 @@
+"""End to end: real llama-servers with the LoRA workload, the exporters, a real Prometheus
+scraping them and evaluating the shipped rules, a real Alertmanager delivering to a webhook
+receiver run by the test. Then every PromQL expression of every dashboard panel and rule
+is sent to that Prometheus and must return data, or be listed below as expected-empty with
+the reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from promql import RULE_FILES, Prometheus, dashboard_expressions, free_port, metric_names, rule_expressions
+from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files, terminate, wait_healthy
+from workload import chat_workload, seed_scenario
+
+pytestmark = pytest.mark.real_server
+
+# Alerts whose condition is false in this short run, and why. Every other expression must
+# return data.
+EXPECTED_EMPTY = {
+    "rule LlamaCppRamCacheMissRateHigh": "needs 20 long RAM-path prompts in 15 minutes; the run sends a few",
+    "rule LlamaCppPromptCacheThrashing": "the RAM cache (512 MiB) evicts nothing in this run",
+    "rule LlamaCppPrefillContention": "needs 10 contended requests and a 2x slowdown in 10 minutes",
+    "rule LlamaCppServerDown": "both servers are up",
+    "rule LlamaCppExporterDown": "both exporters are up",
+    "rule LlamaCppLogStale": "the exporters read the log",
+    "rule LlamaCppLogParseDrift": "every line of this build is recognised",
+    "rule LlamaCppCacheDiagnosticsUnavailable": "both servers run at -lv 4",
+}
+# May or may not fire, depending on how the concurrent conversations meet the slots.
+MAY_BE_EMPTY = {
+    "rule LlamaCppPromptCacheLoraMismatchReuse": "a restored entry of another LoRA is kept only on some schedules",
+}
+
+
+class Receiver:
+    """The webhook Alertmanager delivers to."""
+
+    def __init__(self) -> None:
+        self.alerts: list[dict] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                outer.alerts.extend(json.loads(body)["alerts"])
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.url = f"http://127.0.0.1:{self.srv.server_address[1]}/alerts"
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def names(self) -> set[str]:
+        return {a["labels"]["alertname"] for a in self.alerts if a["status"] == "firing"}
+
+
+def start_alertmanager(workdir: Path, receiver_url: str) -> tuple[subprocess.Popen, int]:
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    assert binary, "alertmanager is missing: the test set-up installs Debian's prometheus-alertmanager"
+    cfg = {
+        "route": {
+            "receiver": "test",
+            "group_by": ["alertname", "instance"],
+            "group_wait": "1s",
+            "group_interval": "1s",
+            "repeat_interval": "1h",
+        },
+        "receivers": [{"name": "test", "webhook_configs": [{"url": receiver_url, "send_resolved": True}]}],
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "alertmanager.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    log = open(workdir / "alertmanager.log", "wb")
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={workdir / 'alertmanager.yml'}",
+            f"--storage.path={workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=log,
+        stderr=log,
+        stdin=subprocess.DEVNULL,
+    )
+    log.close()
+    wait_healthy(proc, f"http://127.0.0.1:{port}/-/ready", 30, "alertmanager")
+    return proc, port
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("e2e")
+    binary = llama_server_binary()
+    model, lora = model_files()
+    receiver = Receiver()
+    am, am_port = start_alertmanager(work / "alertmanager", receiver.url)
+    one = LlamaServer(binary, model, lora, work / "one", n_parallel=1, ctx=4096, cache_ram=256).start()
+    two = LlamaServer(binary, model, lora, work / "two", n_parallel=2).start()
+    exporters = [
+        ExporterProcess(
+            ["--llama.url", s.url, "--log.path", str(s.log_path), "--llama.poll-interval", "0.5"], s.workdir
+        ).start()
+        for s in (one, two)
+    ]
+    prom = Prometheus(
+        work / "prometheus",
+        {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(f) for f in RULE_FILES],
+            "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
+            "scrape_configs": [
+                {"job_name": "llamacpp", "static_configs": [{"targets": [f"127.0.0.1:{e.port}" for e in exporters]}]}
+            ],
+        },
+    )
+    try:
+        time.sleep(3)  # a few scrapes of the zeroed counters before any request
+        seed_scenario(one.url, seed=7)
+        seed_scenario(one.url, seed=8)
+        chat_workload(two.url, turns=3, seed=19)
+        time.sleep(3)
+        yield {"prom": prom, "receiver": receiver, "exporters": exporters}
+    finally:
+        prom.stop()
+        for e in exporters:
+            e.stop()
+        one.stop()
+        two.stop()
+        terminate(am)
+        receiver.srv.shutdown()
+
+
+def test_wrongful_lora_discard_alert_reaches_the_receiver(stack):
+    receiver = stack["receiver"]
+    seed_server = f"127.0.0.1:{stack['exporters'][0].port}"  # the one-slot server that ran the seed scenario
+
+    def arrived() -> list[dict]:
+        return [
+            a
+            for a in receiver.alerts
+            if a["labels"]["alertname"] == "LlamaCppPromptCacheWrongfulLoraDiscard"
+            and a["labels"]["instance"] == seed_server
+            and a["status"] == "firing"
+        ]
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not arrived():
+        time.sleep(0.5)
+    assert arrived(), f"received: {receiver.alerts}"
+    alert = arrived()[0]
+    assert alert["labels"]["severity"] == "warning" and alert["labels"]["lora"] == "active"
+    assert alert["annotations"]["runbook_url"].endswith("#llamacpppromptcachewrongfulloradiscard")
+    assert "re-prefilled for nothing" in alert["annotations"]["description"]
+
+
+def test_every_dashboard_and_rule_expression_returns_data(stack):
+    prom: Prometheus = stack["prom"]
+    problems = []
+    for e in dashboard_expressions() + rule_expressions():
+        res = prom.query(e.promql)
+        if res["status"] != "success":
+            problems.append(f"{e.where}: {res.get('error')}")
+            continue
+        empty = not res["data"]["result"]
+        if empty and e.where not in EXPECTED_EMPTY and e.where not in MAY_BE_EMPTY:
+            problems.append(f"{e.where}: no data")
+        if not empty and e.where in EXPECTED_EMPTY:
+            problems.append(f"{e.where}: expected empty ({EXPECTED_EMPTY[e.where]}) but returned data")
+    assert not problems, "\n".join(problems)
+
+
+def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack):
+    served = set()
+    for e in stack["exporters"]:
+        for line in e.metrics_text().splitlines():
+            if line and not line.startswith("#"):
+                served.add(line.split("{", 1)[0].split(" ", 1)[0])
+    recorded = {e.where.removeprefix("rule ") for e in rule_expressions() if ":" in e.where}
+    for e in dashboard_expressions() + rule_expressions():
+        for m in metric_names(e.expr):
+            assert m in served or m in recorded, f"{e.where}: {m}"
+
+
+def test_exemplars_reach_prometheus(stack):
+    prom: Prometheus = stack["prom"]
+    r = httpx.get(
+        prom.url + "/api/v1/query_exemplars",
+        params={"query": "llamacpp_prefill_duration_seconds_bucket", "start": time.time() - 600, "end": time.time()},
+        timeout=10,
+    ).json()
+    assert r["status"] == "success"
+    labels = [ex["labels"] for series in r["data"] for ex in series["exemplars"]]
+    assert labels and all({"slot", "task"} <= set(lab) for lab in labels)
