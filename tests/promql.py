@@ -113,6 +113,18 @@ class Prometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def wait_scraped(self, n_targets: int, timeout: float = 30.0) -> None:
+        """Prometheus hands targets to its scrape loop only after a few seconds: wait until every
+        target has been scraped, then for one more scrape, so counters start from their zeros."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            res = self.query("up == 1")
+            if res["status"] == "success" and len(res["data"]["result"]) >= n_targets:
+                time.sleep(2.5)
+                return
+            time.sleep(0.3)
+        raise RuntimeError("prometheus did not scrape its targets")
+
     def query(self, promql: str) -> dict:
         r = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10)
         return r.json()

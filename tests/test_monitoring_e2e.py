@@ -127,7 +127,7 @@ def stack(tmp_path_factory):
         },
     )
     try:
-        time.sleep(3)  # a few scrapes of the zeroed counters before any request
+        prom.wait_scraped(len(exporters))  # the zeroed counters are recorded before any request
         seed_scenario(one.url, seed=7)
         seed_scenario(one.url, seed=8)
         chat_workload(two.url, turns=3, seed=19)

@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
