@@ -90,6 +90,35 @@ def test_dashboards_only_use_exported_metrics():
                     assert m in exported
 
 
+# Keys Grafana itself writes into dashboards that the foundation SDK's schema models omit.
+SCHEMA_EXTRAS = {".id", ".annotations.list[0].builtIn"} | {f".templating.list[{i}].definition" for i in range(3)}
+
+
+def _dropped(a, b, path: str = "") -> list[str]:
+    """Keys of `a` missing from `b`, recursively."""
+    out: list[str] = []
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k, v in a.items():
+            out += [f"{path}.{k}"] if k not in b else _dropped(v, b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        for i, (x, y) in enumerate(zip(a, b, strict=False)):
+            out += _dropped(x, y, f"{path}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_round_trips_through_grafanas_schema_models(path):
+    """Decode with Grafana's own typed models (grafana-foundation-sdk) and encode again: a
+    key Grafana's dashboard schema does not know would be dropped, a wrong type would fail."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    d = load(path)
+    again = json.loads(json.dumps(Dashboard.from_json(d), cls=JSONEncoder))
+    assert set(_dropped(d, again)) <= SCHEMA_EXTRAS, _dropped(d, again)
+    assert [p["type"] for p in again["panels"]] == [p["type"] for p in d["panels"]]
+
+
 def test_provisioning_files():
     ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())
     assert ds["apiVersion"] == 1
