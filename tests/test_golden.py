@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
+from llamacpp_exporter.conversations import Pseudonymizer
 from llamacpp_exporter.pipeline import replay
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -23,7 +24,7 @@ disable_created_metrics()
 
 def exposition(log: str, openmetrics: bool = False) -> str:
     reg = CollectorRegistry()
-    replay(str(LOGS / log), reg, now=1_800_000_000.0)
+    replay(str(LOGS / log), reg, now=1_800_000_000.0, pseudonymize=Pseudonymizer("golden-salt"))
     return (generate_openmetrics if openmetrics else generate_latest)(reg).decode()
 
 
@@ -50,7 +51,8 @@ def test_openmetrics_exposition_carries_exemplars(update_golden):
         r"(# \{[^}]*\} \S+) \d+(\.\d+)?$", r"\1 <ts>", exposition("lv4-np2-text.log", openmetrics=True), flags=re.M
     )
     check_golden("lv4-np2-text.openmetrics.txt", text, update_golden)
-    assert '# {slot="0",task="2"}' in text  # histograms point at the very request
+    # histograms point at the very request, and its conversation
+    assert re.search(r'# \{conversation="c[0-9a-f]{12}",slot="0",task="2"\}', text)
 
 
 def promtool() -> str:

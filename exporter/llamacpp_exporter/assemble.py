@@ -10,6 +10,7 @@ RAM-cache entries the server itself holds; a capped map of task -> LoRA request.
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -17,11 +18,15 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import parse as p
+from .conversations import Pseudonymizer
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
 
 log = logging.getLogger(__name__)
 
 MAX_TASK_LORA = 4096
+MAX_JOIN = 4096  # arrivals and request task ids kept for the header join
+STALE_ARRIVAL_US = 10_000_000  # a request not launched 10 s after arrival while slots are idle never will be
+LINEAGE_MIN_F_KEEP = 0.5  # a continuation keeps at least half of the state it reuses
 MAX_PENDING = 256
 MAX_PREFILL_HISTORY = 32
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
@@ -51,6 +56,7 @@ class Sink(Protocol):
     def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
     def slots_known(self, slot_ids: list[int]) -> None: ...
     def debug_logging_seen(self) -> None: ...
+    def conversation_cost(self, conversation: str, seconds: float) -> None: ...
 
 
 @dataclass(slots=True)
@@ -64,6 +70,10 @@ class _Selection:
     restored_tokens: int | None = None
     restored_source: tuple[int, int] | None = None  # (epoch, task) that computed the entry
     restored_known: bool = False
+    restored_f_keep: float | None = None
+    restored_lcp: int | None = None
+    f_keep: float | None = None  # of the LCP selection
+    f_sim: float | None = None
     lora_cleared: bool = False
 
 
@@ -80,8 +90,8 @@ class _Slot:
     last_task: int | None = None
     selection: _Selection | None = None
     record: RequestRecord | None = None
-    # recent prefill intervals [start, end) in server microseconds; end None = running
-    prefills: list[list[int | None]] | None = None
+    # recent prefill intervals [start, end, conversation] in server microseconds; end None = running
+    prefills: list[list] | None = None
 
 
 class Assembler:
@@ -92,6 +102,7 @@ class Assembler:
         *,
         slots_polled: bool = False,
         request_poll: Callable[[], None] | None = None,
+        pseudonymize: Callable[[str], str] | None = None,
     ) -> None:
         self.sink = sink
         self.settings = settings or AssemblySettings()
@@ -105,6 +116,10 @@ class Assembler:
         self._global_lora: tuple[tuple[int, float], ...] | None = None
         self._task_lora: OrderedDict[tuple[int, int], tuple[tuple[int, float], ...]] = OrderedDict()
         self._snapshot_seq = 0
+        self.pseudonymize = pseudonymize or Pseudonymizer()
+        # task -> conversation, for lineage through RAM-cache entries
+        self._task_conv: OrderedDict[tuple[int, int], str] = OrderedDict()
+        self.join_stats = {"dropped_arrivals": 0, "reassigned": 0}
         self._reset_epoch_state()
 
     # ------------------------------------------------------------ epoch
@@ -121,6 +136,14 @@ class Assembler:
         self._last_ts: int | None = None
         self._now = 0
         self._epoch_lines = 0
+        # The header join: llama-server logs conv_id= when a request arrives and gives its task
+        # the next id, so the k-th arrival owns the k-th smallest request task id (a task is
+        # seen when it launches, or in "cancel task" if cancelled before it launched).
+        self._arrivals: list[tuple[str, int]] = []  # (pseudonym or "", arrival time)
+        self._request_ids: list[int] = []  # sorted
+        self._last_launch_us = 0
+        # aligned when this epoch was followed from its start; else from the first idle moment
+        self._join_aligned = False
 
     def _new_epoch(self) -> None:
         self._finalize_all()
@@ -270,6 +293,7 @@ class Assembler:
         # epoch has no lines yet; with timestamps off this line is the only marker.
         if self._epoch_lines:
             self._new_epoch()
+        self._join_aligned = True  # every request of this process will be seen
 
     def _on_slots_initialized(self, ev: p.SlotsInitialized) -> None:
         self._announce_slots(range(ev.n_slots))
@@ -291,9 +315,24 @@ class Assembler:
             self._debug_warned = True
             self.sink.debug_logging_seen()
 
+    def _on_conversation_arrived(self, ev: p.ConversationArrived) -> None:
+        # pseudonymised at once: the raw header value is not kept
+        self._arrivals.append((self.pseudonymize("id:" + ev.raw_id) if ev.raw_id else "", self._now))
+        self._prune_join()
+
+    def _prune_join(self) -> None:
+        # keep the most recent pairs only; dropping the same number from both keeps ranks aligned
+        excess = min(len(self._arrivals), len(self._request_ids)) - MAX_JOIN // 2
+        if len(self._arrivals) > MAX_JOIN and excess > 0:
+            del self._arrivals[:excess]
+            del self._request_ids[:excess]
+        elif len(self._arrivals) > 2 * MAX_JOIN:
+            del self._arrivals[:MAX_JOIN]
+            self._join_aligned = False
+
     def _on_slot_selected(self, ev: p.SlotSelected) -> None:
         s = self._slot(ev.slot)
-        sel = _Selection(ev.slot, ev.method, s.tokens)
+        sel = _Selection(ev.slot, ev.method, s.tokens, f_keep=ev.f_keep, f_sim=ev.f_sim)
         s.selection = sel
         self._cache_ctx = sel
         self._cache_ctx_source = (self.epoch, s.last_task) if s.last_task is not None else None
@@ -338,6 +377,11 @@ class Assembler:
             if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim:
                 winner = c
         sel.restored_tokens = winner.n_tokens if winner else -1
+        sel.restored_lcp = winner.lcp if winner else None
+        try:
+            sel.restored_f_keep = float(ev.f_keep)
+        except ValueError:
+            sel.restored_f_keep = None
 
     def _on_cache_state(self, ev: p.CacheState) -> None:
         self.sink.cache_state(ev.n_prompts, ev.size_mib * 1048576.0, ev.limit_mib * 1048576.0)
@@ -387,14 +431,77 @@ class Assembler:
                 rec.ram_restored = True
                 rec.restored_tokens = sel.restored_tokens if sel.restored_tokens >= 0 else None
                 rec._entry_source = sel.restored_source
+                rec._offered_tokens = sel.restored_lcp
+            if sel.method == "lcp" and sel.f_sim is not None:
+                rec._offered_f_sim = sel.f_sim
+        if not ev.is_child:
+            self._join_conversation(rec, s, sel)
         s.record = rec
         s.last_task = ev.task
+        self._last_launch_us = self._now
         assert s.prefills is not None
-        s.prefills.append([self._now, None])
+        s.prefills.append([self._now, None, ev.task])
         if len(s.prefills) > MAX_PREFILL_HISTORY:
             del s.prefills[0]
         if self.request_poll is not None:
             self.request_poll()
+
+    def _join_conversation(self, rec: RequestRecord, s: _Slot, sel: _Selection | None) -> None:
+        """Which conversation does this task belong to? Decided at launch, the header join
+        checked again when the record is emitted (a deferred task with a smaller id may
+        launch later, llama-server pops deferred tasks to the front of its queue).
+
+        By header: the k-th arrival owns the k-th smallest request task id.
+        By lineage, when the request sent no id: a task that continues the state a slot or a
+        RAM-cache entry kept (f_keep >= 0.5) continues that state's conversation.
+        """
+        bisect.insort(self._request_ids, rec.task)
+        header = self._header_for(rec.task)
+        if header:
+            self._set_conversation(rec, header, "header")
+            return
+        conv = None
+        if sel is not None:
+            if sel.method in ("lcp", "id") and (sel.f_keep if sel.method == "lcp" else 1.0) >= LINEAGE_MIN_F_KEEP:
+                if s.last_task is not None:
+                    conv = self._task_conv.get((self.epoch, s.last_task))
+            if conv is None and sel.restored_source is not None and (sel.restored_f_keep or 0) >= LINEAGE_MIN_F_KEEP:
+                conv = self._task_conv.get(sel.restored_source)
+        if conv is None:
+            conv = self.pseudonymize(f"lineage:{self.epoch}:{rec.task}")
+        self._set_conversation(rec, conv, "lineage")
+
+    def _header_for(self, task: int) -> str:
+        if not self._join_aligned:
+            return ""
+        r = bisect.bisect_left(self._request_ids, task)
+        if r < len(self._request_ids) and self._request_ids[r] == task and r < len(self._arrivals):
+            return self._arrivals[r][0]
+        return ""
+
+    def _set_conversation(self, rec: RequestRecord, conv: str, source: str) -> None:
+        rec.conversation, rec.conversation_source = conv, source
+        key = (rec.epoch, rec.task)
+        self._task_conv[key] = conv
+        self._task_conv.move_to_end(key)
+        if len(self._task_conv) > MAX_TASK_LORA:
+            self._task_conv.popitem(last=False)
+
+    def _idle_moment(self) -> None:
+        """No slot is busy, so nothing is deferred: every arrival older than the last launch
+        has its task id. Realign the join if needed and drop arrivals that never became a
+        task (a request rejected before its task existed would shift every later join)."""
+        if any(sl.record is not None for sl in self._slots.values()):
+            return
+        if not self._join_aligned:
+            self._arrivals = [a for a in self._arrivals if a[1] > self._last_launch_us]
+            self._request_ids.clear()
+            self._join_aligned = True
+            return
+        n = len(self._request_ids)
+        while len(self._arrivals) > n and self._now - self._arrivals[n][1] > STALE_ARRIVAL_US:
+            del self._arrivals[n]
+            self.join_stats["dropped_arrivals"] += 1
 
     def _record(self, slot: int, task: int) -> RequestRecord | None:
         s = self._slots.get(slot)
@@ -460,7 +567,7 @@ class Assembler:
             s = self._slot(ev.slot)
             assert s.prefills is not None
             if s.prefills:
-                s.prefills[-1] = [prefill_start, decode_start]
+                s.prefills[-1] = [prefill_start, decode_start, rec.task]
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_released(self, ev: p.TaskReleased) -> None:
@@ -473,12 +580,13 @@ class Assembler:
 
     def _release(self, s: _Slot, rec: RequestRecord, cancelled: bool) -> None:
         rec.end_us = self._now
+        s.record = None
+        self._idle_moment()
         rec.cancelled = rec.cancelled or cancelled
         rec._released_seq = self._snapshot_seq
         if s.prefills and s.prefills[-1][1] is None:
             s.prefills[-1][1] = self._now
             self.sink.prefill_in_progress(rec.slot, 0)
-        s.record = None
         self._pending.append(rec)
         if rec.prompt_tokens is None and rec.reused_tokens is not None and rec.prefill_tokens is not None:
             # -lv 3 with /slots: the prompt is what was reused plus what was computed
@@ -494,6 +602,13 @@ class Assembler:
         for s in self._slots.values():
             if s.record is not None and s.record.task == ev.task:
                 s.record.cancelled = True
+                return
+        # cancelled before it launched: its id still owns an arrival (ids below the kept
+        # window belong to tasks already joined)
+        ids = self._request_ids
+        i = bisect.bisect_left(ids, ev.task)
+        if (i == len(ids) or ids[i] != ev.task) and (i > 0 or not ids):
+            ids.insert(i, ev.task)
 
     def _on_failed(self, ev: p.TaskFailed) -> None:
         for s in self._slots.values():
@@ -513,7 +628,7 @@ class Assembler:
         for sid, s in self._slots.items():
             if sid == rec.slot or not s.prefills:
                 continue
-            for start, end in s.prefills:
+            for start, end, _conv in s.prefills:
                 if end is None and start is not None and start < rec.end_us:
                     return False
         return True
@@ -534,6 +649,11 @@ class Assembler:
 
     def _finalize(self, rec: RequestRecord) -> None:
         self._pending.remove(rec)
+        if rec.epoch == self.epoch and rec.conversation is not None:
+            header = self._header_for(rec.task)
+            if header and header != rec.conversation:
+                self.join_stats["reassigned"] += 1
+                self._set_conversation(rec, header, "header")
         st = self.settings
         # LoRA
         if rec._lora_request is None:
@@ -564,6 +684,12 @@ class Assembler:
             else:
                 rec.restore_result = "kept"
                 rec.lora_mismatch_reuse = same is False
+        # prompt tokens the slot or the RAM cache offered but that were computed again
+        offered = rec._offered_tokens
+        if rec._offered_f_sim is not None and rec.prompt_tokens is not None:
+            offered = max(offered or 0, round(rec._offered_f_sim * rec.prompt_tokens))
+        if offered is not None and rec.reused_tokens is not None:
+            rec.wasted_prompt_tokens = max(0, offered - rec.reused_tokens)
         # outcome
         if rec.prompt_tokens is not None and rec.reused_tokens is not None and rec.prompt_tokens > 0:
             if rec.prompt_tokens >= st.min_prompt_tokens:
@@ -576,7 +702,7 @@ class Assembler:
             )
         # overlap of other slots' prefills with this request's decoding
         if rec._decode_start_us is not None and rec._decode_end_us is not None and rec.decode_seconds:
-            rec.overlap_seconds = self._overlap(rec.slot, rec._decode_start_us, rec._decode_end_us) / 1e6
+            rec.overlap_seconds = self._overlap(rec, rec._decode_start_us, rec._decode_end_us) / 1e6
             frac = rec.overlap_seconds / rec.decode_seconds
             rec.contention = "prefill" if frac > st.contention_fraction else "none"
         self.sink.request(rec)
@@ -594,18 +720,28 @@ class Assembler:
             return "slot_prefix_mismatch"
         return "unknown"
 
-    def _overlap(self, slot: int, start: int, end: int) -> int:
+    def _overlap(self, rec: RequestRecord, start: int, end: int) -> int:
+        """Microseconds of [start, end) during which another slot was prefilling (union), and
+        each prefilling conversation's share, charged to it as cost to the others."""
         spans: list[tuple[int, int]] = []
+        by_conv: dict[str, int] = {}
         for sid, s in self._slots.items():
-            if sid == slot or not s.prefills:
+            if sid == rec.slot or not s.prefills:
                 continue
-            for a, b in s.prefills:
+            for a, b, task in s.prefills:
                 if a is None:
                     continue
+                conv = self._task_conv.get((self.epoch, task))
                 b2 = end if b is None else b
                 lo, hi = max(a, start), min(b2, end)
                 if hi > lo:
                     spans.append((lo, hi))
+                    if conv is not None:
+                        by_conv[conv] = by_conv.get(conv, 0) + hi - lo
+        for conv, us in by_conv.items():
+            self.sink.conversation_cost(conv, us / 1e6)
+        if by_conv:
+            rec.slowed_by_conversation = max(by_conv, key=lambda c: by_conv[c])
         spans.sort()
         total, cur_lo, cur_hi = 0, None, None
         for lo, hi in spans:
@@ -626,6 +762,7 @@ _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
     p.SlotsInitialized: Assembler._on_slots_initialized,
     p.DebugLine: Assembler._on_debug,
     p.SlotSelected: Assembler._on_slot_selected,
+    p.ConversationArrived: Assembler._on_conversation_arrived,
     p.IdleSlotSaving: Assembler._on_idle_slot_saving,
     p.CacheUpdateStarted: Assembler._on_cache_update_started,
     p.PromptSaved: Assembler._on_prompt_saved,

@@ -11,6 +11,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .conversations import ConversationCollector, ConversationCosts
 from .records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
 
 PREFILL_SECONDS_BUCKETS = (
@@ -42,8 +43,10 @@ ENDPOINTS = ("health", "metrics", "slots", "lora-adapters")
 class ExporterMetrics:
     """Metrics derived from the log and /slots, and the exporter's self-metrics."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, costs: ConversationCosts | None = None) -> None:
         r = registry
+        self.costs = costs or ConversationCosts()
+        registry.register(ConversationCollector(self.costs))
         pl = ["path", "lora"]
         self.requests = Counter(
             "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, registry=r
@@ -207,6 +210,12 @@ class ExporterMetrics:
             "1 when llama-server logs DEBUG lines (-lv 5 / -v), which contain prompt text. The exporter drops them.",
             registry=r,
         )
+        self.conversation_joins = Counter(
+            "llamacpp_exporter_conversation_joins",
+            "Requests attributed to a conversation, by how: header (X-Conversation-Id), lineage (cache lineage), none.",
+            ["source"],
+            registry=r,
+        )
         self.restarts = Counter(
             "llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r
         )
@@ -237,6 +246,8 @@ class ExporterMetrics:
                 self.restores.labels(lora, res)
         for c in CONTENTION:
             self.tpot.labels(c)
+        for src in ("header", "lineage", "none"):
+            self.conversation_joins.labels(src)
         for res in LOG_LINE_RESULTS:
             self.log_lines.labels(res)
         for e in ENDPOINTS:
@@ -246,6 +257,10 @@ class ExporterMetrics:
     def request(self, rec: RequestRecord) -> None:
         path, lora = rec.path, rec.lora
         exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
+        if rec.conversation:
+            exemplar["conversation"] = rec.conversation
+        self.conversation_joins.labels(rec.conversation_source or "none").inc()
+        self.costs.request(rec)
         if rec.cancelled and rec.generated_tokens is None:
             self.cancelled.labels(path, lora).inc()
         else:
@@ -294,6 +309,9 @@ class ExporterMetrics:
         for i in slot_ids:
             self.overlap.labels(str(i))
             self.prefill_in_progress_gauge.labels(str(i))
+
+    def conversation_cost(self, conversation: str, seconds: float) -> None:
+        self.costs.cost(conversation, seconds)
 
     def server_restart(self) -> None:
         self.restarts.inc()

@@ -6,7 +6,9 @@ ANSI colours, the router's ``[ 8081] `` prefix and ``--log-jsonl`` records.
 
 Privacy: no event carries free text from the server. Every field is a number,
 a flag or a fixed word, so prompt text that a DEBUG line may carry cannot
-travel further than this module.
+travel further than this module. The one exception is the client's
+X-Conversation-Id header (ConversationArrived.raw_id), which the assembler
+pseudonymises with a salt on receipt and never stores.
 """
 
 from __future__ import annotations
@@ -43,10 +45,11 @@ class CacheEnabled:
 
 
 @dataclass(frozen=True, slots=True)
-class ConversationIdSeen:
-    """``conv_id=...``: counted only; the id itself is not carried (issue 4 pseudonymises it)."""
+class ConversationArrived:
+    """``conv_id=...``: a completion request arrived (its task does not exist yet), with the
+    client's X-Conversation-Id header, "" when none was sent. Hashed by the assembler."""
 
-    empty: bool
+    raw_id: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class SlotSelected:
     slot: int
     method: str  # "id" | "lcp" | "lru"
     f_keep: float | None = None
+    f_sim: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +245,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     Verbosity,
     SlotsInitialized,
     CacheEnabled,
-    ConversationIdSeen,
+    ConversationArrived,
     SlotSelected,
     CacheUpdateStarted,
     PromptSaved,
@@ -297,7 +301,7 @@ _TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \|
 _FLOAT = r"(-?\d+(?:\.\d+)?)"
 
 _RE_SELECTED_LCP = re.compile(
-    r"selected slot by LCP similarity, f_sim_best = [\d.]+ \(> [\d.]+ thold\), f_keep = " + _FLOAT
+    r"selected slot by LCP similarity, f_sim_best = ([\d.]+) \(> [\d.]+ thold\), f_keep = " + _FLOAT
 )
 _RE_NEW_PROMPT = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (\d+)")
 _RE_CACHED = re.compile(r"cached n_tokens = (\d+),")
@@ -401,7 +405,7 @@ def _slot_event(func: str, slot: int, task: int, msg: str) -> Event:
         elif msg.startswith("selected slot by LCP"):
             m = _RE_SELECTED_LCP.match(msg)
             if m:
-                return SlotSelected(slot, "lcp", float(m.group(1)))
+                return SlotSelected(slot, "lcp", float(m.group(2)), float(m.group(1)))
         elif msg.startswith("selected slot by id"):
             return SlotSelected(slot, "id")
         elif msg.startswith("saving idle slot to prompt cache"):
@@ -472,7 +476,8 @@ def _srv_event(func: str, msg: str) -> Event:
         if m:
             return CacheUpdateTook(float(m.group(1)))
     if msg.startswith("conv_id="):
-        return ConversationIdSeen(msg.startswith("conv_id= "))
+        end = msg.rfind(" (empty=")
+        return ConversationArrived(msg[8:end] if end >= 8 else "")
     if msg.startswith("initializing ..."):
         return ServerStarting()
     if msg.startswith("initializing, n_slots"):

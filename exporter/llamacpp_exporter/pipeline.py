@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from . import parse
 from .assemble import Assembler, AssemblySettings
+from .conversations import ConversationCosts
 from .metrics import ExporterMetrics
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 
@@ -109,8 +110,10 @@ class Pipeline:
         request_poll: Callable[[], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
         clock: Callable[[], float] = time.time,
+        pseudonymize: Callable[[str], str] | None = None,
+        costs: ConversationCosts | None = None,
     ) -> None:
-        self.metrics = ExporterMetrics(registry)
+        self.metrics = ExporterMetrics(registry, costs or ConversationCosts(clock=clock))
         self.events = EventsFile(events_path, self.metrics) if events_path else None
         self.clock = clock
         self.assembler = Assembler(
@@ -118,6 +121,7 @@ class Pipeline:
             settings,
             slots_polled=slots_polled,
             request_poll=request_poll,
+            pseudonymize=pseudonymize,
         )
 
     def process_line(self, line: str, now: float | None = None) -> None:
@@ -156,9 +160,10 @@ def replay(
     settings: AssemblySettings | None = None,
     events_path: str | None = None,
     now: float = 0.0,
+    pseudonymize: Callable[[str], str] | None = None,
 ) -> Pipeline:
     """Run a whole log file through the pipeline at full speed (tests, `analyze`)."""
-    pl = Pipeline(registry, settings, events_path=events_path, clock=lambda: now)
+    pl = Pipeline(registry, settings, events_path=events_path, clock=lambda: now, pseudonymize=pseudonymize)
     with open(path, encoding="utf-8", errors="replace", newline="\n") as fh:
         for line in fh:
             pl.process_line(line.rstrip("\r\n"), now)

@@ -58,6 +58,10 @@ class RequestRecord:
     time_per_output_token_seconds: float | None = None
     overlap_seconds: float = 0.0
     contention: str | None = None
+    conversation: str | None = None  # pseudonym: salted HMAC of the header id, or of a lineage root
+    conversation_source: str | None = None  # "header" or "lineage"
+    wasted_prompt_tokens: int | None = None  # offered by the slot or the RAM cache, computed again
+    slowed_by_conversation: str | None = None  # whose prefill overlapped this decoding most
     cancelled: bool = False
     failed: bool = False
     start_us: int | None = None
@@ -70,6 +74,8 @@ class RequestRecord:
     _prefill_end_us: int | None = field(default=None, repr=False)
     _decode_start_us: int | None = field(default=None, repr=False)
     _decode_end_us: int | None = field(default=None, repr=False)
+    _offered_tokens: int | None = field(default=None, repr=False)
+    _offered_f_sim: float | None = field(default=None, repr=False)
 
     def to_event(self) -> dict:
         """The events-file line: public fields only."""

@@ -1,0 +1,114 @@
+"""Conversations: the header join and cache lineage on recorded real logs, the salted
+pseudonyms, and the bounded cost store behind the top-N metrics."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client import CollectorRegistry, generate_latest
+from test_assemble import by_timings, log_lines, truths
+
+from llamacpp_exporter.conversations import ConversationCosts, Pseudonymizer
+from llamacpp_exporter.pipeline import Pipeline
+from llamacpp_exporter.records import RequestRecord
+
+SALT = "test-salt"
+
+
+def replay(lines, ps=None) -> list[RequestRecord]:
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), on_record=recs.append, clock=lambda: 0.0, pseudonymize=ps or Pseudonymizer(SALT))
+    for line in lines:
+        pl.process_line(line, 0.0)
+    pl.flush()
+    return recs
+
+
+def test_header_join_matches_every_request_of_the_recorded_runs():
+    ps = Pseudonymizer(SALT)
+    for log in ("lv4-np2-text", "lv4-np2-jsonl"):
+        recs = replay(log_lines(log + ".log"), ps)
+        for t in truths(log + ".truth.jsonl"):
+            r = by_timings(recs, t)
+            assert r.conversation == ps("id:" + t["conv"]) and r.conversation_source == "header", t
+    # in these runs deferred tasks launched out of id order (task 5 before task 4): a join by
+    # launch order would have failed, the join by task-id rank does not
+
+
+def grouping_accuracy(pairs: list[tuple[str, str]]) -> float:
+    """Share of requests whose group's first request belongs to their own conversation."""
+    first: dict[str, str] = {}
+    for conv, group in pairs:
+        first.setdefault(group, conv)
+    return sum(first[g] == c for c, g in pairs) / len(pairs)
+
+
+def test_lineage_groups_conversations_without_ids():
+    for log in ("lv4-np2-text", "lv4-np2-jsonl"):
+        lines = [re.sub(r"conv_id=[^ \\\"]+ \(empty=0\)", "conv_id= (empty=1)", ln) for ln in log_lines(log + ".log")]
+        recs = replay(lines)
+        pairs = [(t["conv"], by_timings(recs, t).conversation) for t in truths(log + ".truth.jsonl")]
+        assert all(by_timings(recs, t).conversation_source == "lineage" for t in truths(log + ".truth.jsonl"))
+        assert grouping_accuracy(pairs) == 1.0
+        assert len({g for _, g in pairs}) == 6
+
+
+def test_pseudonyms_are_salted_and_never_the_raw_id():
+    a, b = Pseudonymizer("salt-a"), Pseudonymizer("salt-b")
+    for raw in ("conv-1-0", "user@example.com", ""):
+        assert a(raw) != raw and (not raw or raw not in a(raw))
+        assert a(raw) == a(raw) and a(raw) != b(raw)
+        assert re.fullmatch(r"c[0-9a-f]{12}", a(raw))
+    assert Pseudonymizer().random_salt and not a.random_salt
+
+
+def test_raw_ids_appear_nowhere_in_the_exposition_or_records():
+    reg = CollectorRegistry()
+    recs: list[RequestRecord] = []
+    pl = Pipeline(reg, on_record=recs.append, clock=lambda: 0.0, pseudonymize=Pseudonymizer(SALT))
+    for line in log_lines("lv4-np2-text.log"):
+        pl.process_line(line, 0.0)
+    pl.flush()
+    text = generate_latest(reg).decode()
+    assert "conv-1-" not in text
+    assert not any("conv-1-" in str(r.to_event()) for r in recs)
+
+
+def rec(conv: str, prefill: float = 1.0, wasted: int = 0, cause: str | None = None) -> RequestRecord:
+    r = RequestRecord(
+        epoch=0,
+        slot=0,
+        task=1,
+        conversation=conv,
+        prefill_seconds=prefill,
+        wasted_prompt_tokens=wasted,
+        miss_cause=cause,
+        outcome="miss" if cause else None,
+    )
+    return r
+
+
+def test_cost_store_top_n_and_other():
+    now = [1000.0]
+    costs = ConversationCosts(window_seconds=600, top_n=2, clock=lambda: now[0])
+    for name, cost in (("ca", 5.0), ("cb", 1.0), ("cc", 3.0), ("cd", 0.5)):
+        costs.request(rec(name, wasted=100))
+        costs.cost(name, cost)
+    rows = costs.snapshot()
+    assert [r["conversation"] for r in rows] == ["ca", "cc", "cb", "cd"]
+    from llamacpp_exporter.conversations import ConversationCollector
+
+    reg = CollectorRegistry()
+    reg.register(ConversationCollector(costs))
+    assert reg.get_sample_value("llamacpp_conversation_cost_to_others_seconds", {"conversation": "ca"}) == 5.0
+    assert reg.get_sample_value("llamacpp_conversation_cost_to_others_seconds", {"conversation": "other"}) == 1.5
+    assert reg.get_sample_value("llamacpp_conversation_cost_to_others_seconds", {"conversation": "cb"}) is None
+    now[0] += 700  # the window has passed
+    assert costs.snapshot() == []
+
+
+def test_cost_store_is_bounded():
+    costs = ConversationCosts(max_conversations=100)
+    for i in range(1000):
+        costs.request(rec(f"c{i}"))
+    assert len(costs.snapshot()) == 100
