@@ -22,6 +22,7 @@ THRESHOLDS = yaml.safe_load((HERE.parent / "alerts" / "config" / "thresholds.yam
 DS = {"type": "prometheus", "uid": "${datasource}"}
 S = 'job=~"$job", instance=~"$instance"'  # every series selector carries these
 RI = "$__rate_interval"
+LARGE_PREFILL_TOKENS = 4096  # a bucket boundary of llamacpp_prefill_tokens (powers of two)
 
 
 def variables() -> dict[str, Any]:
@@ -192,6 +193,30 @@ def stat(
     }
 
 
+def bargauge(title: str, description: str, unit: str, expr: str, legend: str) -> dict[str, Any]:
+    return {
+        "type": "bargauge",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "min": 0,
+                "thresholds": {"mode": "absolute", "steps": [{"color": "orange", "value": None}]},
+            },
+            "overrides": [],
+        },
+        "options": {
+            "orientation": "horizontal",
+            "displayMode": "gradient",
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+            "showUnfilled": True,
+        },
+        "targets": [target(expr, legend, "A", instant=True)],
+    }
+
+
 def color(name: str, c: str) -> dict[str, Any]:
     return {
         "matcher": {"id": "byName", "options": name},
@@ -199,7 +224,9 @@ def color(name: str, c: str) -> dict[str, Any]:
     }
 
 
-def dashboard(uid: str, title: str, description: str, layout: Layout, links: list[str]) -> dict[str, Any]:
+def dashboard(
+    uid: str, title: str, description: str, layout: Layout, links: list[str], annotations: list | None = None
+) -> dict[str, Any]:
     return {
         "uid": uid,
         "title": title,
@@ -228,7 +255,8 @@ def dashboard(uid: str, title: str, description: str, layout: Layout, links: lis
                     "iconColor": "rgba(0, 211, 255, 1)",
                     "name": "Annotations & Alerts",
                     "type": "dashboard",
-                }
+                },
+                *(annotations or []),
             ]
         },
         "links": [
@@ -645,6 +673,44 @@ def prompt_cache() -> dict[str, Any]:
 
 def contention() -> dict[str, Any]:
     lay = Layout()
+    lay.row("Who is doing this")
+    lay.add(
+        bargauge(
+            "Top conversations by cost to the others",
+            "Decode seconds of other slots overlapped by each conversation's prefills over the exporter's window "
+            "(--conversations.window). Conversations are pseudonyms; `llamacpp-exporter top` shows the same list "
+            "with prompt sizes, reuse and the last miss cause.",
+            "s",
+            f'topk(10, sum by (conversation) (llamacpp_conversation_cost_to_others_seconds{{{S}, conversation!="other"}}))',
+            "{{conversation}}",
+        ),
+        12,
+        9,
+    )
+    tpot = "llamacpp_time_per_output_token_seconds"
+    lay.add(
+        timeseries(
+            "Generation speed while another slot prefills",
+            "The seed's table, live: tokens per second of requests that decoded while another slot prefilled, "
+            "against the others (1 / mean time per output token).",
+            "suffix: tok/s",
+            [
+                (
+                    f'sum(rate({tpot}_count{{{S}, contention="prefill"}}[{RI}]))\n/\n'
+                    f'sum(rate({tpot}_sum{{{S}, contention="prefill"}}[{RI}]))',
+                    "while another slot prefills",
+                ),
+                (
+                    f'sum(rate({tpot}_count{{{S}, contention="none"}}[{RI}]))\n/\n'
+                    f'sum(rate({tpot}_sum{{{S}, contention="none"}}[{RI}]))',
+                    "otherwise",
+                ),
+            ],
+            overrides=[color("while another slot prefills", "red"), color("otherwise", "green")],
+        ),
+        12,
+        9,
+    )
     lay.row("Who is prefilling, who is waiting")
     lay.add(
         timeseries(
@@ -746,12 +812,31 @@ def contention() -> dict[str, Any]:
         12,
         8,
     )
+    large = (
+        f"sum by (instance) (increase(llamacpp_prefill_tokens_count{{{S}}}[1m]))\n-\n"
+        f'sum by (instance) (increase(llamacpp_prefill_tokens_bucket{{{S}, le="{LARGE_PREFILL_TOKENS}.0"}}[1m])) > 0'
+    )
+    annotations = [
+        {
+            "name": f"Prefills above {LARGE_PREFILL_TOKENS} tokens",
+            "datasource": DS,
+            "enable": True,
+            "hide": False,
+            "iconColor": "orange",
+            "expr": large,
+            "step": "1m",
+            "titleFormat": "Large prefill",
+            "textFormat": f"{{{{instance}}}}: {{{{value}}}} prefill(s) above {LARGE_PREFILL_TOKENS} tokens",
+            "useValueForTime": False,
+        }
+    ]
     return dashboard(
         "llamacpp-contention",
         "llama.cpp prefill contention",
         "Which long prefills slowed everyone's generation down, and by how much.",
         lay,
         LINKS[:2],
+        annotations,
     )
 
 

@@ -39,6 +39,13 @@ def dashboard_expressions() -> list[Expression]:
     out = []
     for f in DASHBOARDS:
         d = json.loads(f.read_text())
+        for a in d["annotations"]["list"]:
+            if "expr" in a:
+                out.append(
+                    Expression(
+                        f"dashboard {d['uid']} / annotation {a['name']}", a["expr"], grafana_to_promql(a["expr"])
+                    )
+                )
         for p in d["panels"]:
             for t in p.get("targets", []):
                 out.append(

@@ -8,6 +8,7 @@ the reader (the file or pipe keeps the data) instead of growing memory.
 from __future__ import annotations
 
 import html
+import json
 import logging
 import queue
 import signal
@@ -24,7 +25,8 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .assemble import AssemblySettings
-from .config import Config, parse_listen_address, read_api_key
+from .config import Config, parse_listen_address, read_api_key, read_salt
+from .conversations import ConversationCosts, Pseudonymizer
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
 from .server import ServerPoller
@@ -78,11 +80,13 @@ def landing_page(cfg: Config) -> bytes:
     return f"""<!doctype html><html><head><title>llamacpp-exporter</title></head><body>
 <h1>llamacpp-exporter {html.escape(__version__)}</h1>
 <p>Prometheus exporter for llama.cpp's llama-server: one record per request from its log and /slots.</p>
-<ul><li><a href="{path}">{path}</a>: metrics</li><li><a href="/-/healthy">/-/healthy</a>: exporter health</li></ul>
+<ul><li><a href="{path}">{path}</a>: metrics</li>
+<li><a href="/api/v1/conversations">/api/v1/conversations</a>: conversations by cost to the others (JSON, pseudonyms only)</li>
+<li><a href="/-/healthy">/-/healthy</a>: exporter health</li></ul>
 </body></html>""".encode()
 
 
-def make_app(registry: CollectorRegistry, cfg: Config):
+def make_app(registry: CollectorRegistry, cfg: Config, costs: ConversationCosts | None = None):
     metrics_app = make_wsgi_app(registry)
     page = landing_page(cfg)
     telemetry = cfg.web.telemetry_path
@@ -94,6 +98,12 @@ def make_app(registry: CollectorRegistry, cfg: Config):
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [page]
+        if path == "/api/v1/conversations" and costs is not None:
+            body = json.dumps(
+                {"window_seconds": costs.window, "conversations": costs.snapshot(), "contention": costs.contention()}
+            ).encode()
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [body]
         if path in ("/-/healthy", "/healthz"):
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"OK\n"]
@@ -110,12 +120,26 @@ class Exporter:
         self.stop = threading.Event()
         self.q: queue.Queue[Any] = queue.Queue(maxsize=10000)
         api_key = read_api_key(cfg.llama)
+        salt = read_salt(cfg.conversations)
+        if salt is None:
+            log.warning(
+                "no conversations salt configured (--conversations.salt-file or $%s): conversation "
+                "pseudonyms change when the exporter restarts",
+                cfg.conversations.salt_env,
+            )
+        self.costs = ConversationCosts(
+            window_seconds=cfg.conversations.window_seconds,
+            top_n=cfg.conversations.top,
+            max_conversations=cfg.conversations.max_tracked,
+        )
         self.pipeline = Pipeline(
             self.registry,
             settings_from(cfg),
             events_path=cfg.events.path,
             slots_polled=cfg.llama.poll_slots,
             request_poll=self._request_poll,
+            pseudonymize=Pseudonymizer(salt),
+            costs=self.costs,
         )
         self.metrics = self.pipeline.metrics
         self.poller = ServerPoller(

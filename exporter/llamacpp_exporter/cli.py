@@ -10,7 +10,7 @@ import sys
 from prometheus_client import disable_created_metrics
 
 from . import __version__
-from .config import DEFAULT_LISTEN, Config, ConfigError, load_file, override, read_api_key, validate
+from .config import DEFAULT_LISTEN, Config, ConfigError, load_file, override, read_api_key, read_salt, validate
 
 log = logging.getLogger("llamacpp_exporter")
 
@@ -21,7 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Prometheus exporter for llama.cpp's llama-server. Tails its log, polls /slots, "
             "/metrics and /health, assembles one record per request and serves metrics. "
-            "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics."
+            "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics. "
+            "`llamacpp-exporter top --help`: the live table of conversations by cost."
         ),
     )
     a = p.add_argument
@@ -148,6 +149,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="smallest prompt counted in llamacpp_prompt_cache_outcomes_total (default 1024)",
     )
     a(
+        "--conversations.salt-file",
+        dest="salt_file",
+        metavar="FILE",
+        default=None,
+        help="file holding the salt that pseudonymises conversation ids (else $LLAMACPP_EXPORTER_SALT; "
+        "else a random salt: pseudonyms then change when the exporter restarts)",
+    )
+    a(
+        "--conversations.window",
+        dest="conv_window",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="window of the per-conversation costs and of `top` (default 900)",
+    )
+    a(
+        "--conversations.top",
+        dest="conv_top",
+        type=int,
+        metavar="N",
+        default=None,
+        help="conversations named in the llamacpp_conversation_* metrics, the rest summed as other (default 10)",
+    )
+    a(
         "--log.level",
         dest="log_level",
         default="info",
@@ -182,12 +207,19 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = override(cfg, "web", listen_address=args.listen, telemetry_path=args.telemetry_path)
     cfg = override(cfg, "events", path=args.events_path)
     cfg = override(cfg, "cache", min_prompt_tokens=args.min_prompt_tokens)
+    cfg = override(cfg, "conversations", salt_file=args.salt_file, window_seconds=args.conv_window, top=args.conv_top)
     validate(cfg)
     read_api_key(cfg.llama)  # a missing key file is a config error, found now
+    read_salt(cfg.conversations)
     return cfg
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["top"]:
+        from .top import main as top_main  # noqa: PLC0415
+
+        return top_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),

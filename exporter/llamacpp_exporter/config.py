@@ -71,6 +71,15 @@ class TakeoverConfig:
 
 
 @dataclass(frozen=True)
+class ConversationsConfig:
+    salt_file: str | None = None
+    salt_env: str = "LLAMACPP_EXPORTER_SALT"
+    window_seconds: float = 900.0
+    top: int = 10
+    max_tracked: int = 10000
+
+
+@dataclass(frozen=True)
 class Config:
     llama: LlamaConfig = field(default_factory=LlamaConfig)
     log: LogConfig = field(default_factory=LogConfig)
@@ -79,6 +88,7 @@ class Config:
     cache: CacheConfig = field(default_factory=CacheConfig)
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     takeover: TakeoverConfig = field(default_factory=TakeoverConfig)
+    conversations: ConversationsConfig = field(default_factory=ConversationsConfig)
 
 
 def _check_type(path: str, value: Any, typ: Any) -> Any:
@@ -169,6 +179,13 @@ def validate(cfg: Config) -> Config:
         raise ConfigError("cache.min_prompt_tokens: must be at least 1")
     if not (0 <= cfg.contention.fraction <= 1):
         raise ConfigError("contention.fraction: must be between 0 and 1")
+    cv = cfg.conversations
+    if cv.window_seconds < 60:
+        raise ConfigError("conversations.window_seconds: must be at least 60")
+    if not (1 <= cv.top <= 100):
+        raise ConfigError("conversations.top: must be between 1 and 100 (it bounds the metric's series)")
+    if cv.max_tracked < cv.top:
+        raise ConfigError("conversations.max_tracked: must be at least conversations.top")
     parse_listen_address(cfg.web.listen_address)
     if not cfg.web.telemetry_path.startswith("/") or cfg.web.telemetry_path == "/":
         raise ConfigError("web.telemetry_path: must start with / and not be /")
@@ -197,3 +214,18 @@ def read_api_key(cfg: LlamaConfig) -> str | None:
         raise ConfigError(f"llama.api_key_file: {cfg.api_key_file} holds no key")
     key = os.environ.get(cfg.api_key_env, "").strip()
     return key or None
+
+
+def read_salt(cfg: ConversationsConfig) -> str | None:
+    """The pseudonymisation salt from a file or an environment variable; None: a random one."""
+    if cfg.salt_file:
+        try:
+            with open(cfg.salt_file, encoding="utf-8") as fh:
+                salt = fh.read().strip()
+        except OSError as e:
+            raise ConfigError(f"conversations.salt_file: cannot read {cfg.salt_file}: {e.strerror}") from None
+        if len(salt) < 16:
+            raise ConfigError("conversations.salt_file: the salt must have at least 16 characters")
+        return salt
+    salt = os.environ.get(cfg.salt_env, "").strip()
+    return salt or None

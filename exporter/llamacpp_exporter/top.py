@@ -1,0 +1,106 @@
+"""`llamacpp-exporter top`: who is slowing everyone down right now.
+
+Reads a running exporter's /api/v1/conversations and prints the conversations by the decode
+time their prefills cost the other slots, with the seed's table on top: time per output
+token while another slot prefills vs while none does. Pseudonyms only, never text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from .config import DEFAULT_PORT
+
+COLUMNS = (
+    ("CONVERSATION", "conversation", 14),
+    ("SLOT", "slot", 4),
+    ("REQS", "requests", 5),
+    ("PROMPT", "prompt_tokens", 7),
+    ("REUSED", "reused_tokens", 7),
+    ("PREFILL s", "prefill_seconds", 10),
+    ("COST TO OTHERS s", "cost_to_others_seconds", 17),
+    ("WASTED tok", "wasted_prompt_tokens", 10),
+    ("LAST MISS CAUSE", "last_miss_cause", 20),
+)
+
+
+def fetch(url: str, timeout: float) -> dict[str, Any]:
+    r = httpx.get(url.rstrip("/") + "/api/v1/conversations", timeout=timeout)
+    r.raise_for_status()
+    return r.json()
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.2f}"
+    return str(v)
+
+
+def render(data: dict[str, Any], limit: int) -> str:
+    c = data.get("contention", {})
+    busy, calm = c.get("while_other_slot_prefills", {}), c.get("otherwise", {})
+
+    def speed(d: dict[str, Any]) -> str:
+        tps, tpot = d.get("tokens_per_second"), d.get("mean_time_per_output_token_seconds")
+        if not tps:
+            return f"no data ({d.get('requests', 0)} requests)"
+        return f"{tps:.1f} tokens/s ({tpot * 1000:.1f} ms/token, {d.get('requests', 0)} requests)"
+
+    lines = [
+        f"llamacpp-exporter top: last {int(data.get('window_seconds', 0))} s",
+        f"  generation while another slot prefills: {speed(busy)}",
+        f"  generation otherwise:                   {speed(calm)}",
+        "",
+        " ".join(h.rjust(w) if i else h.ljust(w) for i, (h, _, w) in enumerate(COLUMNS)),
+    ]
+    rows = data.get("conversations", [])[:limit]
+    for r in rows:
+        lines.append(
+            " ".join(_fmt(r.get(k)).rjust(w) if i else _fmt(r.get(k)).ljust(w) for i, (_, k, w) in enumerate(COLUMNS))
+        )
+    if not rows:
+        lines.append("(no conversation in the window)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="llamacpp-exporter top", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", default=f"http://127.0.0.1:{DEFAULT_PORT}", help="the exporter's address")
+    ap.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    ap.add_argument("--format", choices=["table", "json"], default="table", help="output format (default table)")
+    ap.add_argument("--interval", type=float, default=2.0, help="refresh interval in seconds (default 2)")
+    ap.add_argument("--limit", type=int, default=20, help="conversations shown (default 20)")
+    ap.add_argument("--timeout", type=float, default=5.0, help="timeout of each request (default 5)")
+    args = ap.parse_args(argv)
+    try:
+        while True:
+            try:
+                data = fetch(args.url, args.timeout)
+            except (httpx.HTTPError, ValueError) as e:
+                print(f"llamacpp-exporter top: cannot read {args.url}: {e}", file=sys.stderr)
+                if args.once:
+                    return 1
+                time.sleep(args.interval)
+                continue
+            if args.format == "json":
+                data["conversations"] = data.get("conversations", [])[: args.limit]
+                out = json.dumps(data, indent=None if not args.once else 2)
+            else:
+                out = render(data, args.limit)
+            if args.once:
+                print(out)
+                return 0
+            if args.format == "table":
+                sys.stdout.write("\x1b[H\x1b[2J")  # home and clear, like top(1)
+            print(out, flush=True)
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
