@@ -17,3 +17,13 @@ def pytest_configure(config):
 @pytest.fixture
 def update_golden(request) -> bool:
     return request.config.getoption("--update-golden")
+
+
+@pytest.fixture(scope="session")
+def parts() -> tuple[Path, Path, Path]:
+    """The real llama-server binary, model and LoRA adapter (built or written once, cached)."""
+    from realserver import llama_server_binary, model_files
+
+    binary = llama_server_binary()
+    model, lora = model_files()
+    return binary, model, lora

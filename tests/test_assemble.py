@@ -202,3 +202,12 @@ def test_state_is_bounded_under_endless_tasks():
 class _NullSink:
     def __getattr__(self, name):
         return lambda *args, **kw: None
+
+
+def test_continuation_lines_do_not_move_the_clock():
+    """A multi-line message's continuation has no timestamp; it must not replace the log's own
+    clock with the reader's wall clock (records would look a day old and be emitted early)."""
+    a = Assembler(sink=_NullSink())
+    a.feed(p.parse_line("0.01.000.000 I srv  llama_server: initializing ..."), 0)
+    a.feed(p.parse_line("\trepeat_last_n = 64, repeat_penalty = 1.000"), 1_800_000_000_000_000)
+    assert a._now == 1_000_000

@@ -12,17 +12,10 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
+from realserver import ExporterProcess, LlamaServer
 from workload import CANARY, Truth, chat_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
-
-
-@pytest.fixture(scope="session")
-def parts() -> tuple[Path, Path, Path]:
-    binary = llama_server_binary()
-    model, lora = model_files()
-    return binary, model, lora
 
 
 def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterProcess:

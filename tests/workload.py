@@ -138,3 +138,74 @@ def chat_workload(
     if errors:
         raise errors[0]
     return results
+
+
+LONG_CONV = "long-conversation"
+
+
+def contention_workload(
+    url: str, send_ids: bool = True, seed: int = 23, short_convs: int = 4, short_turns: int = 4, long_turns: int = 3
+) -> tuple[list[Truth], int]:
+    """One long conversation (~3,000-token system prompt) that misses the cache on every turn
+    (its client changes the LoRA scale each turn, so llama-server clears the cached state),
+    next to short chats that decode while it prefills, plus requests whose clients give up
+    while they wait for a slot (cancelled before their task launches).
+    Returns the completed requests' ground truth and the number of cancelled requests."""
+    results: list[Truth] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    cancelled = [0]
+
+    def chat(name: str, words: int, turns: int, max_tokens: int, lora_scales: list[float] | None, delay: float):
+        rng = random.Random(f"{seed}-{name}")
+        messages = [{"role": "system", "content": f"{name}. " + text(rng, words)}]
+        headers = {"X-Conversation-Id": name} if send_ids else {}
+        try:
+            with httpx.Client(base_url=url, headers=headers) as c:
+                time.sleep(delay)
+                for turn in range(turns):
+                    messages.append({"role": "user", "content": text(rng, rng.randint(15, 40))})
+                    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": True}
+                    if lora_scales:
+                        body["lora"] = [{"id": 0, "scale": lora_scales[turn % len(lora_scales)]}]
+                    t0 = time.time()
+                    r = c.post("/v1/chat/completions", json=body, timeout=600)
+                    r.raise_for_status()
+                    res = r.json()
+                    messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+                    with lock:
+                        results.append(_truth(name, turn, bool(lora_scales), res["timings"], t0))
+                    time.sleep(rng.uniform(0.2, 0.6))
+        except BaseException as e:  # noqa: BLE001 - surfaced by the caller
+            errors.append(e)
+
+    def impatient(name: str, delay: float) -> None:
+        # pinned to the long conversation's slot (id_slot 1, the first slot taken) it waits
+        # deferred while that slot prefills; its client gives up after 0.3 s
+        rng = random.Random(f"{seed}-{name}")
+        headers = {"X-Conversation-Id": name} if send_ids else {}
+        time.sleep(delay)
+        body = {
+            "messages": [{"role": "user", "content": text(rng, 30)}],
+            "max_tokens": 16,
+            "temperature": 0,
+            "id_slot": 1,
+        }
+        try:
+            httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=0.3)
+        except httpx.TimeoutException:
+            with lock:
+                cancelled[0] += 1
+
+    threads = [threading.Thread(target=chat, args=(LONG_CONV, 2300, long_turns, 16, [0.5, 0.7], 0.0))]
+    for i in range(short_convs):
+        threads.append(threading.Thread(target=chat, args=(f"short-{i}", 60, short_turns, 48, None, 0.5 + 0.4 * i)))
+    for i, d in enumerate((4.0, 9.0)):
+        threads.append(threading.Thread(target=impatient, args=(f"impatient-{i}", d)))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results, cancelled[0]

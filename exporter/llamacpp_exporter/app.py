@@ -206,7 +206,11 @@ class Exporter:
         host, port = parse_listen_address(self.cfg.web.listen_address)
         server_class = _V6ThreadingWSGIServer if ":" in host else _ThreadingWSGIServer
         self.httpd = make_server(
-            host, port, make_app(self.registry, self.cfg), server_class=server_class, handler_class=_QuietHandler
+            host,
+            port,
+            make_app(self.registry, self.cfg, self.costs),
+            server_class=server_class,
+            handler_class=_QuietHandler,
         )
         self.port = self.httpd.server_address[1]
         for name, target in (

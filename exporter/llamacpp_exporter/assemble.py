@@ -24,7 +24,8 @@ from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
 log = logging.getLogger(__name__)
 
 MAX_TASK_LORA = 4096
-MAX_JOIN = 4096  # arrivals and request task ids kept for the header join
+MAX_JOIN = 4096
+JOIN_MAX_WAIT_US = 60_000_000  # emit with the join as it stands after this long  # arrivals and request task ids kept for the header join
 STALE_ARRIVAL_US = 10_000_000  # a request not launched 10 s after arrival while slots are idle never will be
 LINEAGE_MIN_F_KEEP = 0.5  # a continuation keeps at least half of the state it reuses
 MAX_PENDING = 256
@@ -142,6 +143,8 @@ class Assembler:
         self._arrivals: list[tuple[str, int]] = []  # (pseudonym or "", arrival time)
         self._request_ids: list[int] = []  # sorted
         self._last_launch_us = 0
+        self._arrivals_total = 0  # arrivals counted from the epoch start (pruned ones too)
+        self._pruned = 0  # pairs dropped from the front of both lists
         # aligned when this epoch was followed from its start; else from the first idle moment
         self._join_aligned = False
 
@@ -167,7 +170,10 @@ class Assembler:
                 self._new_epoch()
             self._last_ts = ts
             self._now = ts
-        else:
+        elif self._last_ts is None:
+            # no timestamps in this log (--no-log-prefix): the time we read the line is the
+            # best there is. With timestamps on, a line without one is a continuation line
+            # and keeps the time of the line it continues.
             self._now = max(self._now, now_us)
         if self._listing is not None and not isinstance(ev, p.CacheEntryListed):
             self._close_listing()
@@ -318,6 +324,7 @@ class Assembler:
     def _on_conversation_arrived(self, ev: p.ConversationArrived) -> None:
         # pseudonymised at once: the raw header value is not kept
         self._arrivals.append((self.pseudonymize("id:" + ev.raw_id) if ev.raw_id else "", self._now))
+        self._arrivals_total += 1
         self._prune_join()
 
     def _prune_join(self) -> None:
@@ -326,6 +333,7 @@ class Assembler:
         if len(self._arrivals) > MAX_JOIN and excess > 0:
             del self._arrivals[:excess]
             del self._request_ids[:excess]
+            self._pruned += excess
         elif len(self._arrivals) > 2 * MAX_JOIN:
             del self._arrivals[:MAX_JOIN]
             self._join_aligned = False
@@ -419,6 +427,8 @@ class Assembler:
         if self._cache_ctx is sel:
             self._cache_ctx = None
         rec = RequestRecord(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self._now)
+        rec._arrivals_before_launch = self._arrivals_total
+        rec._max_id_before_launch = self._request_ids[-1] if self._request_ids else -1
         rec._prefill_start_us = self._now
         if sel is not None:
             rec.path = selection_path(sel.method)
@@ -496,11 +506,13 @@ class Assembler:
         if not self._join_aligned:
             self._arrivals = [a for a in self._arrivals if a[1] > self._last_launch_us]
             self._request_ids.clear()
+            self._pruned = self._arrivals_total - len(self._arrivals)
             self._join_aligned = True
             return
         n = len(self._request_ids)
         while len(self._arrivals) > n and self._now - self._arrivals[n][1] > STALE_ARRIVAL_US:
             del self._arrivals[n]
+            self._arrivals_total -= 1
             self.join_stats["dropped_arrivals"] += 1
 
     def _record(self, slot: int, task: int) -> RequestRecord | None:
@@ -514,6 +526,11 @@ class Assembler:
         if rec is not None:
             rec.prompt_tokens = ev.n_tokens
             self._set_diag(True)
+            # the prefill starts here (llama-server's t_start), not at the launch: a launched
+            # task can wait for another slot's prompt batch before its own first batch
+            sl = self._slots[ev.slot]
+            if sl.prefills and sl.prefills[-1][2] == ev.task and sl.prefills[-1][1] is None:
+                sl.prefills[-1][0] = self._now
 
     def _on_cached_tokens(self, ev: p.CachedTokens) -> None:
         rec = self._record(ev.slot, ev.task)
@@ -622,6 +639,19 @@ class Assembler:
         # a /slots poll taken after the release that did not show the task: give up
         return rec._released_seq is not None and self._snapshot_seq > rec._released_seq + 1
 
+    def _join_final(self, rec: RequestRecord) -> bool:
+        """The header join of task T is final once every task with a smaller id is seen.
+        Those ids were handed out before T launched, to requests that arrived before then
+        (n of them). The ids seen that are known to be that old (at most T, or at most the
+        largest id seen when T launched) reach n exactly when all of them are seen. Also
+        final when every arrival has its task."""
+        if rec.epoch != self.epoch or not self._join_aligned:
+            return True
+        if len(self._arrivals) <= len(self._request_ids):
+            return True
+        known_old = self._pruned + bisect.bisect_right(self._request_ids, max(rec.task, rec._max_id_before_launch))
+        return known_old >= rec._arrivals_before_launch
+
     def _overlap_resolved(self, rec: RequestRecord) -> bool:
         if rec._decode_start_us is None or rec.end_us is None:
             return True
@@ -637,7 +667,11 @@ class Assembler:
         now = self._now
         for rec in list(self._pending):
             waited = now - (rec.end_us or now)
-            if waited > self.settings.max_wait_us or (self._lora_resolved(rec) and self._overlap_resolved(rec)):
+            if (
+                waited > self.settings.max_wait_us
+                or (waited > JOIN_MAX_WAIT_US and self._lora_resolved(rec) and self._overlap_resolved(rec))
+                or (self._lora_resolved(rec) and self._overlap_resolved(rec) and self._join_final(rec))
+            ):
                 self._finalize(rec)
 
     def _finalize_all(self) -> None:

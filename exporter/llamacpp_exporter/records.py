@@ -76,6 +76,8 @@ class RequestRecord:
     _decode_end_us: int | None = field(default=None, repr=False)
     _offered_tokens: int | None = field(default=None, repr=False)
     _offered_f_sim: float | None = field(default=None, repr=False)
+    _arrivals_before_launch: int = field(default=0, repr=False)  # arrivals seen when it launched
+    _max_id_before_launch: int = field(default=-1, repr=False)  # largest request id seen then
 
     def to_event(self) -> dict:
         """The events-file line: public fields only."""

@@ -25,6 +25,12 @@ from .records import LoraAdapters, SlotsSnapshot, SlotState
 log = logging.getLogger(__name__)
 
 SERVER_PREFIX = "llamacpp_server_"
+# /metrics, /slots and /lora-adapters are tasks in llama-server's queue: a long prompt batch
+# can hold them for seconds. Giving up early would make llama-server log "cancel task" for
+# them, which the conversation join would have to tell apart from a cancelled request; and
+# polling happens off the scrape path, so waiting costs nothing. /health never waits.
+QUEUED_READ_TIMEOUT = 60.0
+LORA_ADAPTERS_INTERVAL = 60.0
 
 
 # ---------------------------------------------------------------- pure parsers
@@ -137,6 +143,8 @@ class ServerPoller:
         self.metrics = metrics
         self.on_snapshot = on_snapshot
         self.on_adapters = on_adapters
+        self.connect_timeout = min(timeout, 1.0)
+        self._next_adapters = 0.0
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self.server_families: list[Metric] = []
@@ -148,8 +156,9 @@ class ServerPoller:
 
     def _get(self, endpoint: str, path: str) -> httpx.Response | None:
         t0 = time.monotonic()
+        timeout = None if endpoint == "health" else httpx.Timeout(QUEUED_READ_TIMEOUT, connect=self.connect_timeout)
         try:
-            r = self.client.get(path)
+            r = self.client.get(path, timeout=timeout) if timeout else self.client.get(path)
             ok = r.status_code == 200
             err = None if ok else f"HTTP {r.status_code}"
         except httpx.HTTPError as e:
@@ -191,20 +200,26 @@ class ServerPoller:
         self.on_snapshot(snap)
         return snap
 
+    def poll_metrics_once(self) -> None:
+        r = self._get("metrics", "/metrics")
+        fams: list[Metric] = []
+        if r is not None:
+            try:
+                fams = rename_server_metrics(r.text)
+            except Exception as e:  # malformed exposition: keep going without it
+                self.metrics.scrape_errors.labels("metrics").inc()
+                log.warning("cannot parse llama-server /metrics: %s", e)
+        with self._lock:
+            self.server_families = fams
+
     def poll_all_once(self) -> None:
         self._get("health", "/health")
         if self.poll_metrics:
-            r = self._get("metrics", "/metrics")
-            fams: list[Metric] = []
-            if r is not None:
-                try:
-                    fams = rename_server_metrics(r.text)
-                except Exception as e:  # malformed exposition: keep going without it
-                    self.metrics.scrape_errors.labels("metrics").inc()
-                    log.warning("cannot parse llama-server /metrics: %s", e)
-            with self._lock:
-                self.server_families = fams
-        r = self._get("lora-adapters", "/lora-adapters")
+            self.poll_metrics_once()
+        r = None
+        if time.monotonic() >= self._next_adapters:  # the global scales rarely change
+            r = self._get("lora-adapters", "/lora-adapters")
+            self._next_adapters = time.monotonic() + (LORA_ADAPTERS_INTERVAL if r is not None else 0.0)
         if r is not None:
             try:
                 self.on_adapters(parse_lora_adapters(r.json()))
