@@ -35,6 +35,21 @@ def test_header_join_matches_every_request_of_the_recorded_runs():
     # launch order would have failed, the join by task-id rank does not
 
 
+def test_header_join_across_a_request_cancelled_before_it_launched():
+    """Recorded: one slot busy with a long request, a client without an id gives up while its
+    request is deferred (task 2: "cancel task", never launched), another gives up too late
+    (task 5 launches anyway), then three requests with ids queue behind."""
+    ps = Pseudonymizer(SALT)
+    lines = log_lines("lv4-np1-cancelled.log")
+    assert sum("cancel task, id_task = 2" in ln for ln in lines) == 1
+    recs = replay(lines, ps)
+    for t in truths("lv4-np1-cancelled.truth.jsonl"):
+        r = by_timings(recs, t)
+        assert r.conversation == ps("id:" + t["conv"]) and r.conversation_source == "header", t
+    abandoned = next(r for r in recs if r.task == 5)
+    assert abandoned.conversation_source == "lineage"  # it sent no id
+
+
 def grouping_accuracy(pairs: list[tuple[str, str]]) -> float:
     """Share of requests whose group's first request belongs to their own conversation."""
     first: dict[str, str] = {}

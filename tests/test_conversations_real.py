@@ -110,7 +110,7 @@ def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path):
         f"header attribution: {right} of {len(pairs)} requests ({share:.1%}); {cancelled} requests cancelled while waiting"
     )
     assert share >= 0.99
-    assert "cancel task" in server_log and cancelled >= 1  # the join was exercised with cancellations
+    assert cancelled >= 1  # clients gave up while their requests waited for a slot
     # the top cost, in the API (and `top`) and in the metrics
     assert top["conversations"][0]["conversation"] == long_id
     assert top["conversations"][0]["last_miss_cause"] == "lora_discard"

@@ -181,18 +181,15 @@ def contention_workload(
 
     def impatient(name: str, delay: float) -> None:
         # pinned to the long conversation's slot (id_slot 1, the first slot taken) it waits
-        # deferred while that slot prefills; its client gives up after 0.3 s
+        # deferred while that slot prefills; its client gives up after 0.3 s. It sends no
+        # X-Conversation-Id: llama-server keeps a request with one running after a disconnect
+        # (resumable streams) and cancels only those without.
         rng = random.Random(f"{seed}-{name}")
-        headers = {"X-Conversation-Id": name} if send_ids else {}
+        headers: dict[str, str] = {}
         time.sleep(delay)
-        body = {
-            "messages": [{"role": "user", "content": text(rng, 30)}],
-            "max_tokens": 16,
-            "temperature": 0,
-            "id_slot": 1,
-        }
+        body = {"prompt": text(rng, 30), "n_predict": 16, "temperature": 0, "id_slot": 1}
         try:
-            httpx.post(url + "/v1/chat/completions", json=body, headers=headers, timeout=0.3)
+            httpx.post(url + "/completion", json=body, headers=headers, timeout=0.3)
         except httpx.TimeoutException:
             with lock:
                 cancelled[0] += 1
