@@ -726,11 +726,11 @@ class Assembler:
             rec.wasted_prompt_tokens = max(0, offered - rec.reused_tokens)
         # outcome
         if rec.prompt_tokens is not None and rec.reused_tokens is not None and rec.prompt_tokens > 0:
-            if rec.prompt_tokens >= st.min_prompt_tokens:
-                ratio = rec.reused_tokens / rec.prompt_tokens
+            ratio = rec.reused_tokens / rec.prompt_tokens
+            if rec.prompt_tokens >= st.min_prompt_tokens:  # only long prompts count in the outcome metric
                 rec.outcome = "hit" if ratio >= st.hit_ratio else "miss" if ratio < st.miss_ratio else "partial"
-                if rec.outcome == "miss":
-                    rec.miss_cause = self._miss_cause(rec)
+            if ratio < st.miss_ratio and rec.prompt_tokens > 1:
+                rec.miss_cause = self._miss_cause(rec)
             rec.small_task_takeover = (
                 rec.prompt_tokens < st.small_task_tokens and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
             )

@@ -106,7 +106,7 @@ class ConversationCosts:
             b[3] += rec.wasted_prompt_tokens or 0
             b[4] += 1
             c.slot, c.prompt_tokens, c.reused_tokens = rec.slot, rec.prompt_tokens, rec.reused_tokens
-            if rec.outcome == "miss" or rec.miss_cause:
+            if rec.miss_cause:
                 c.miss_cause = rec.miss_cause
             self._expire(c.buckets, now)
 

@@ -270,7 +270,7 @@ class ExporterMetrics:
             self.reused_tokens.labels(path, lora).inc(rec.reused_tokens)
         if rec.outcome is not None:
             self.outcomes.labels(path, lora, rec.outcome).inc()
-        if rec.miss_cause is not None:
+        if rec.outcome == "miss" and rec.miss_cause is not None:
             self.misses.labels(path, lora, rec.miss_cause).inc()
         if rec.restore_result is not None:
             self.restores.labels(lora, rec.restore_result).inc()
