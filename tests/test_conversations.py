@@ -127,3 +127,39 @@ def test_cost_store_is_bounded():
     for i in range(1000):
         costs.request(rec(f"c{i}"))
     assert len(costs.snapshot()) == 100
+
+
+def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment():
+    # invented lines, shaped like -lv 4 output: a request rejected before its task existed
+    # (HTTP 400: conv_id= logged, no task), then, 20 s later, two requests with ids
+    def task(ts: str, tid: int, n: int) -> list[str]:
+        return [
+            f"0.{ts}.000.000 I slot get_availabl: id  0 | task -1 | selected slot by LRU, t_last = -1",
+            f"0.{ts}.000.001 I slot launch_slot_: id  0 | task {tid} | processing task, is_child = 0",
+            f"0.{ts}.000.002 I slot   operator(): id  0 | task {tid} | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = {n}",
+            f"0.{ts}.000.003 I slot   operator(): id  0 | task {tid} | cached n_tokens = 0, memory_seq_rm [0, end)",
+            f"0.{ts}.500.000 I slot print_timing: id  0 | task {tid} | prompt eval time =     400.00 ms /   {n} tokens (    4.00 ms per token,   250.00 tokens per second)",
+            f"0.{ts}.500.001 I slot print_timing: id  0 | task {tid} |        eval time =     100.00 ms /     5 tokens (   25.00 ms per token,    40.00 tokens per second)",
+            f"0.{ts}.500.002 I slot      release: id  0 | task {tid} | stop processing: n_tokens = {n + 4}, truncated = 0",
+        ]
+
+    lines = [
+        "0.00.000.100 I srv  llama_server: initializing ...",
+        "0.01.000.000 I srv  server_strea: conv_id=first (empty=0)",
+        *task("01", 0, 100),
+        "0.02.000.000 I srv  server_strea: conv_id=rejected (empty=0)",
+        *task("20", 5, 100)[:0],  # nothing: the rejected request never got a task
+        "0.30.000.000 I srv  server_strea: conv_id=second (empty=0)",
+        *task("30", 7, 120),
+        "0.40.000.000 I srv  server_strea: conv_id=third (empty=0)",
+        *task("40", 9, 140),
+    ]
+    ps = Pseudonymizer(SALT)
+    reg = CollectorRegistry()
+    recs: list[RequestRecord] = []
+    pl = Pipeline(reg, on_record=recs.append, clock=lambda: 0.0, pseudonymize=ps)
+    for line in lines:
+        pl.process_line(line, 0.0)
+    pl.flush()
+    assert [r.conversation for r in recs] == [ps("id:first"), ps("id:second"), ps("id:third")]
+    assert reg.get_sample_value("llamacpp_exporter_conversation_arrivals_dropped_total") == 1

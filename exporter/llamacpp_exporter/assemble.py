@@ -58,6 +58,7 @@ class Sink(Protocol):
     def slots_known(self, slot_ids: list[int]) -> None: ...
     def debug_logging_seen(self) -> None: ...
     def conversation_cost(self, conversation: str, seconds: float) -> None: ...
+    def conversation_arrival_dropped(self) -> None: ...
 
 
 @dataclass(slots=True)
@@ -120,7 +121,6 @@ class Assembler:
         self.pseudonymize = pseudonymize or Pseudonymizer()
         # task -> conversation, for lineage through RAM-cache entries
         self._task_conv: OrderedDict[tuple[int, int], str] = OrderedDict()
-        self.join_stats = {"dropped_arrivals": 0, "reassigned": 0}
         self._reset_epoch_state()
 
     # ------------------------------------------------------------ epoch
@@ -465,6 +465,7 @@ class Assembler:
         By lineage, when the request sent no id: a task that continues the state a slot or a
         RAM-cache entry kept (f_keep >= 0.5) continues that state's conversation.
         """
+        self._idle_moment()  # before this launch, were all slots idle? then old arrivals are stale
         bisect.insort(self._request_ids, rec.task)
         header = self._header_for(rec.task)
         if header:
@@ -513,7 +514,7 @@ class Assembler:
         while len(self._arrivals) > n and self._now - self._arrivals[n][1] > STALE_ARRIVAL_US:
             del self._arrivals[n]
             self._arrivals_total -= 1
-            self.join_stats["dropped_arrivals"] += 1
+            self.sink.conversation_arrival_dropped()
 
     def _record(self, slot: int, task: int) -> RequestRecord | None:
         s = self._slots.get(slot)
@@ -686,7 +687,6 @@ class Assembler:
         if rec.epoch == self.epoch and rec.conversation is not None:
             header = self._header_for(rec.task)
             if header and header != rec.conversation:
-                self.join_stats["reassigned"] += 1
                 self._set_conversation(rec, header, "header")
         st = self.settings
         # LoRA

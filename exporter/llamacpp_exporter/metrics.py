@@ -216,6 +216,12 @@ class ExporterMetrics:
             ["source"],
             registry=r,
         )
+        self.arrivals_dropped = Counter(
+            "llamacpp_exporter_conversation_arrivals_dropped",
+            "Requests seen arriving (conv_id=) whose task never appeared (rejected before it existed); dropped "
+            "from the conversation join.",
+            registry=r,
+        )
         self.restarts = Counter(
             "llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r
         )
@@ -312,6 +318,9 @@ class ExporterMetrics:
 
     def conversation_cost(self, conversation: str, seconds: float) -> None:
         self.costs.cost(conversation, seconds)
+
+    def conversation_arrival_dropped(self) -> None:
+        self.arrivals_dropped.inc()
 
     def server_restart(self) -> None:
         self.restarts.inc()
