@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from realserver import ExporterProcess, LlamaServer
+from realserver import LlamaServer
 from test_conversations import grouping_accuracy
-from test_real_server import match, samples, wait_records
+from test_real_server import match, samples, start_exporter, wait_records
 from workload import LONG_CONV, Truth, contention_workload
 
 from llamacpp_exporter.conversations import Pseudonymizer
@@ -30,22 +30,7 @@ def run(parts, workdir: Path, send_ids: bool):
     srv = LlamaServer(*parts, workdir=workdir, n_parallel=2).start()
     exp = None
     try:
-        exp = ExporterProcess(
-            [
-                "--llama.url",
-                srv.url,
-                "--log.path",
-                str(srv.log_path),
-                "--log.from-start",
-                "--events.path",
-                str(workdir / "events.jsonl"),
-                "--llama.poll-interval",
-                "0.5",
-                "--conversations.salt-file",
-                str(salt_file),
-            ],
-            workdir,
-        ).start()
+        exp = start_exporter(srv, workdir, "--conversations.salt-file", str(salt_file))
         truths, cancelled = contention_workload(srv.url, send_ids=send_ids)
         (workdir / "truth.jsonl").write_text("".join(json.dumps(t.__dict__) + "\n" for t in truths))
         recs = wait_records(workdir / "events.jsonl", len(truths))
