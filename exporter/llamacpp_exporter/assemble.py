@@ -183,7 +183,7 @@ class Assembler:
         if handler is not None:
             handler(self, ev)
         self._epoch_lines += 1
-        if self._pending:
+        if self._pending and type(ev) in _UNBLOCKING:
             self._try_finalize()
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
@@ -789,6 +789,12 @@ class Assembler:
             total += cur_hi - cur_lo
         return total
 
+
+# Events after which a waiting record may be complete: a prefill ended, a task launched or was
+# cancelled (the join), a task ended. Checking only then keeps the hot path short.
+_UNBLOCKING = frozenset(
+    {p.TaskLaunched, p.TaskReleased, p.PrefillFinished, p.EvalTiming, p.TaskCancelled, p.ServerStarting}
+)
 
 _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
     p.ServerStarting: Assembler._on_server_starting,
