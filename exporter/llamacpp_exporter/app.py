@@ -261,11 +261,8 @@ def run(cfg: Config) -> int:
 
     signal.signal(signal.SIGTERM, _signal)
     signal.signal(signal.SIGINT, _signal)
-    stdin_source = cfg.log.path == "-"
-    while not done.wait(0.5):
-        if stdin_source and not any(t.is_alive() for t in exp.threads if t.name == "log-source"):
-            # stdin ended: keep serving the final metrics until stopped, as a file would
-            stdin_source = False
+    # When standard input ends the exporter keeps serving its final metrics until stopped.
+    done.wait()
     log.info("shutting down")
     exp.shutdown()
     return 0
