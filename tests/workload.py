@@ -91,6 +91,44 @@ def lora_plan(conv: int, turn: int) -> bool:
     return conv % 2 == 0
 
 
+def _chat(
+    url: str,
+    name: str,
+    system: str,
+    turns: int,
+    max_tokens: int,
+    lora_for_turn,
+    rng: random.Random,
+    results: list[Truth],
+    lock: threading.Lock,
+    *,
+    send_id: bool = True,
+    delay: float = 0.0,
+    user_words: tuple[int, int] = (20, 60),
+    pause: tuple[float, float] = (0.1, 0.8),
+) -> None:
+    """One multi-turn conversation on /v1/chat/completions; appends each turn's ground truth.
+    lora_for_turn(turn) gives the request's `lora` list or None."""
+    messages = [{"role": "system", "content": system}]
+    headers = {"X-Conversation-Id": name} if send_id else {}
+    with httpx.Client(base_url=url, headers=headers) as c:
+        time.sleep(delay)
+        for turn in range(turns):
+            messages.append({"role": "user", "content": text(rng, rng.randint(*user_words))})
+            body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": True}
+            lora = lora_for_turn(turn)
+            if lora:
+                body["lora"] = lora
+            t0 = time.time()
+            r = c.post("/v1/chat/completions", json=body, timeout=600)
+            r.raise_for_status()
+            res = r.json()
+            messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+            with lock:
+                results.append(_truth(name, turn, bool(lora), res["timings"], t0))
+            time.sleep(rng.uniform(*pause))
+
+
 def chat_workload(
     url: str,
     n_convs: int = 6,
@@ -107,27 +145,21 @@ def chat_workload(
 
     def run(conv: int) -> None:
         rng = random.Random(seed * 100 + conv)
-        name = f"conv-{seed}-{conv}"
         sys_words = 900 if conv in long_system else 20
-        messages = [{"role": "system", "content": f"conversation {conv}. " + text(rng, sys_words)}]
         try:
-            with httpx.Client(base_url=url, headers={"X-Conversation-Id": name}) as c:
-                time.sleep(0.3 * conv)
-                for turn in range(turns):
-                    messages.append({"role": "user", "content": text(rng, rng.randint(20, 60))})
-                    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": True}
-                    use_lora = lora_plan(conv, turn)
-                    if use_lora:
-                        body["lora"] = LORA_ACTIVE
-                    t0 = time.time()
-                    r = c.post("/v1/chat/completions", json=body, timeout=300)
-                    r.raise_for_status()
-                    res = r.json()
-                    messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
-                    with lock:
-                        results.append(_truth(name, turn, use_lora, res["timings"], t0))
-                    time.sleep(rng.uniform(0.1, 0.8))
-        except BaseException as e:  # surfaced by the caller
+            _chat(
+                url,
+                f"conv-{seed}-{conv}",
+                f"conversation {conv}. " + text(rng, sys_words),
+                turns,
+                max_tokens,
+                lambda turn: LORA_ACTIVE if lora_plan(conv, turn) else None,
+                rng,
+                results,
+                lock,
+                delay=0.3 * conv,
+            )
+        except BaseException as e:  # noqa: BLE001 - surfaced by the caller
             errors.append(e)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n_convs)]
@@ -158,24 +190,22 @@ def contention_workload(
 
     def chat(name: str, words: int, turns: int, max_tokens: int, lora_scales: list[float] | None, delay: float):
         rng = random.Random(f"{seed}-{name}")
-        messages = [{"role": "system", "content": f"{name}. " + text(rng, words)}]
-        headers = {"X-Conversation-Id": name} if send_ids else {}
         try:
-            with httpx.Client(base_url=url, headers=headers) as c:
-                time.sleep(delay)
-                for turn in range(turns):
-                    messages.append({"role": "user", "content": text(rng, rng.randint(15, 40))})
-                    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "cache_prompt": True}
-                    if lora_scales:
-                        body["lora"] = [{"id": 0, "scale": lora_scales[turn % len(lora_scales)]}]
-                    t0 = time.time()
-                    r = c.post("/v1/chat/completions", json=body, timeout=600)
-                    r.raise_for_status()
-                    res = r.json()
-                    messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
-                    with lock:
-                        results.append(_truth(name, turn, bool(lora_scales), res["timings"], t0))
-                    time.sleep(rng.uniform(0.2, 0.6))
+            _chat(
+                url,
+                name,
+                f"{name}. " + text(rng, words),
+                turns,
+                max_tokens,
+                lambda turn: [{"id": 0, "scale": lora_scales[turn % len(lora_scales)]}] if lora_scales else None,
+                rng,
+                results,
+                lock,
+                send_id=send_ids,
+                delay=delay,
+                user_words=(15, 40),
+                pause=(0.2, 0.6),
+            )
         except BaseException as e:  # noqa: BLE001 - surfaced by the caller
             errors.append(e)
 
