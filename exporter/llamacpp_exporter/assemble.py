@@ -10,7 +10,6 @@ RAM-cache entries the server itself holds; a capped map of task -> LoRA request.
 
 from __future__ import annotations
 
-import bisect
 import logging
 from collections import OrderedDict
 from collections.abc import Callable
@@ -19,15 +18,16 @@ from typing import Protocol
 
 from . import parse as p
 from .conversations import Pseudonymizer
+from .join import HEADER, UNCERTAIN, HeaderJoin
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
 
 log = logging.getLogger(__name__)
 
 MAX_TASK_LORA = 4096
-MAX_JOIN = 4096
-JOIN_MAX_WAIT_US = 60_000_000  # emit with the join as it stands after this long  # arrivals and request task ids kept for the header join
-STALE_ARRIVAL_US = 10_000_000  # a request not launched 10 s after arrival while slots are idle never will be
-LINEAGE_MIN_F_KEEP = 0.5  # a continuation keeps at least half of the state it reuses
+JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by then says "uncertain"
+# A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
+# conversations that merely share a system prompt keep less of each other.
+LINEAGE_MIN_F_KEEP = 0.9
 MAX_PENDING = 256
 MAX_PREFILL_HISTORY = 32
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
@@ -119,8 +119,11 @@ class Assembler:
         self._task_lora: OrderedDict[tuple[int, int], tuple[tuple[int, float], ...]] = OrderedDict()
         self._snapshot_seq = 0
         self.pseudonymize = pseudonymize or Pseudonymizer()
-        # task -> conversation, for lineage through RAM-cache entries
-        self._task_conv: OrderedDict[tuple[int, int], str] = OrderedDict()
+        # task -> (conversation or None, source), once final; and the task whose state it
+        # continued (lineage), for requests without an id
+        self._task_conv: OrderedDict[tuple[int, int], tuple[str | None, str]] = OrderedDict()
+        self._lineage_parent: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
+        self._dropped_seen = 0
         self._reset_epoch_state()
 
     # ------------------------------------------------------------ epoch
@@ -137,16 +140,9 @@ class Assembler:
         self._last_ts: int | None = None
         self._now = 0
         self._epoch_lines = 0
-        # The header join: llama-server logs conv_id= when a request arrives and gives its task
-        # the next id, so the k-th arrival owns the k-th smallest request task id (a task is
-        # seen when it launches, or in "cancel task" if cancelled before it launched).
-        self._arrivals: list[tuple[str, int]] = []  # (pseudonym or "", arrival time)
-        self._request_ids: list[int] = []  # sorted
-        self._last_launch_us = 0
-        self._arrivals_total = 0  # arrivals counted from the epoch start (pruned ones too)
-        self._pruned = 0  # pairs dropped from the front of both lists
-        # aligned when this epoch was followed from its start; else from the first idle moment
-        self._join_aligned = False
+        self.join = HeaderJoin()  # aligned at the start banner, or after an idle spell
+        if self._known_slots:
+            self.join.n_slots = len(self._known_slots)
 
     def _new_epoch(self) -> None:
         self._finalize_all()
@@ -299,16 +295,18 @@ class Assembler:
         # epoch has no lines yet; with timestamps off this line is the only marker.
         if self._epoch_lines:
             self._new_epoch()
-        self._join_aligned = True  # every request of this process will be seen
+        self.join.start_of_process()  # every request of this process will be seen
 
     def _on_slots_initialized(self, ev: p.SlotsInitialized) -> None:
         self._announce_slots(range(ev.n_slots))
+        self.join.n_slots = ev.n_slots
 
     def _announce_slots(self, ids) -> None:
         new = [i for i in ids if i not in self._known_slots]
         if new:
             self._known_slots.update(new)
             self.sink.slots_known(sorted(new))
+            self.join.n_slots = max(self.join.n_slots or 0, len(self._known_slots))
 
     def _on_verbosity(self, ev: p.Verbosity) -> None:
         self.verbosity = ev.level
@@ -323,23 +321,28 @@ class Assembler:
 
     def _on_conversation_arrived(self, ev: p.ConversationArrived) -> None:
         # pseudonymised at once: the raw header value is not kept
-        self._arrivals.append((self.pseudonymize("id:" + ev.raw_id) if ev.raw_id else "", self._now))
-        self._arrivals_total += 1
-        self._prune_join()
+        name = self.pseudonymize("id:" + ev.raw_id) if ev.raw_id else ""
+        self.join.arrival(name, self._now, self._all_idle())
+        self._count_dropped()
 
-    def _prune_join(self) -> None:
-        # keep the most recent pairs only; dropping the same number from both keeps ranks aligned
-        excess = min(len(self._arrivals), len(self._request_ids)) - MAX_JOIN // 2
-        if len(self._arrivals) > MAX_JOIN and excess > 0:
-            del self._arrivals[:excess]
-            del self._request_ids[:excess]
-            self._pruned += excess
-        elif len(self._arrivals) > 2 * MAX_JOIN:
-            del self._arrivals[:MAX_JOIN]
-            self._join_aligned = False
+    def _on_params_read(self, ev: p.RequestParamsRead) -> None:
+        self.join.params_read()
+
+    def _on_slot_busy(self, ev: p.SlotBusy) -> None:
+        self.join.slot_busy(ev.slot)
+
+    def _all_idle(self) -> bool:
+        return not any(sl.record is not None for sl in self._slots.values())
+
+    def _count_dropped(self) -> None:
+        n = self.join.dropped_arrivals
+        while self._dropped_seen < n:
+            self._dropped_seen += 1
+            self.sink.conversation_arrival_dropped()
 
     def _on_slot_selected(self, ev: p.SlotSelected) -> None:
         s = self._slot(ev.slot)
+        self.join.slot_selected(ev.slot, ev.method == "id")
         sel = _Selection(ev.slot, ev.method, s.tokens, f_keep=ev.f_keep, f_sim=ev.f_sim)
         s.selection = sel
         self._cache_ctx = sel
@@ -427,9 +430,8 @@ class Assembler:
         if self._cache_ctx is sel:
             self._cache_ctx = None
         rec = RequestRecord(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self._now)
-        rec._arrivals_before_launch = self._arrivals_total
-        rec._max_id_before_launch = self._request_ids[-1] if self._request_ids else -1
         rec._prefill_start_us = self._now
+        rec._is_child = ev.is_child
         if sel is not None:
             rec.path = selection_path(sel.method)
             rec.slot_tokens_before = sel.slot_tokens_before
@@ -445,10 +447,11 @@ class Assembler:
             if sel.method == "lcp" and sel.f_sim is not None:
                 rec._offered_f_sim = sel.f_sim
         if not ev.is_child:
-            self._join_conversation(rec, s, sel)
+            self.join.launched(ev.task, self._now, self._all_idle())
+            self._count_dropped()
+            self._remember_lineage(rec, s, sel)
         s.record = rec
         s.last_task = ev.task
-        self._last_launch_us = self._now
         assert s.prefills is not None
         s.prefills.append([self._now, None, ev.task])
         if len(s.prefills) > MAX_PREFILL_HISTORY:
@@ -456,65 +459,57 @@ class Assembler:
         if self.request_poll is not None:
             self.request_poll()
 
-    def _join_conversation(self, rec: RequestRecord, s: _Slot, sel: _Selection | None) -> None:
-        """Which conversation does this task belong to? Decided at launch, the header join
-        checked again when the record is emitted (a deferred task with a smaller id may
-        launch later, llama-server pops deferred tasks to the front of its queue).
-
-        By header: the k-th arrival owns the k-th smallest request task id.
-        By lineage, when the request sent no id: a task that continues the state a slot or a
-        RAM-cache entry kept (f_keep >= 0.5) continues that state's conversation.
-        """
-        self._idle_moment()  # before this launch, were all slots idle? then old arrivals are stale
-        bisect.insort(self._request_ids, rec.task)
-        header = self._header_for(rec.task)
-        if header:
-            self._set_conversation(rec, header, "header")
-            return
-        conv = None
+    def _remember_lineage(self, rec: RequestRecord, s: _Slot, sel: _Selection | None) -> None:
+        """The state this task continues, for when its request turns out to carry no id: the
+        slot's previous task (selected by LCP, f_keep >= LINEAGE_MIN_F_KEEP) or the task that
+        computed the RAM-cache entry it restored. A pinned request (id_slot) is not a
+        continuation by itself: the log does not say how much of the slot it kept."""
+        parent = None
         if sel is not None:
-            if sel.method in ("lcp", "id") and (sel.f_keep if sel.method == "lcp" else 1.0) >= LINEAGE_MIN_F_KEEP:
-                if s.last_task is not None:
-                    conv = self._task_conv.get((self.epoch, s.last_task))
-            if conv is None and sel.restored_source is not None and (sel.restored_f_keep or 0) >= LINEAGE_MIN_F_KEEP:
-                conv = self._task_conv.get(sel.restored_source)
-        if conv is None:
-            conv = self.pseudonymize(f"lineage:{self.epoch}:{rec.task}")
-        self._set_conversation(rec, conv, "lineage")
-
-    def _header_for(self, task: int) -> str:
-        if not self._join_aligned:
-            return ""
-        r = bisect.bisect_left(self._request_ids, task)
-        if r < len(self._request_ids) and self._request_ids[r] == task and r < len(self._arrivals):
-            return self._arrivals[r][0]
-        return ""
-
-    def _set_conversation(self, rec: RequestRecord, conv: str, source: str) -> None:
-        rec.conversation, rec.conversation_source = conv, source
+            if sel.method == "lcp" and (sel.f_keep or 0.0) >= LINEAGE_MIN_F_KEEP and s.last_task is not None:
+                parent = (self.epoch, s.last_task)
+            elif sel.restored_source is not None and (sel.restored_f_keep or 0.0) >= LINEAGE_MIN_F_KEEP:
+                parent = sel.restored_source
         key = (rec.epoch, rec.task)
-        self._task_conv[key] = conv
-        self._task_conv.move_to_end(key)
+        self._lineage_parent[key] = parent
+        if len(self._lineage_parent) > MAX_TASK_LORA:
+            self._lineage_parent.popitem(last=False)
+
+    def _conversation(self, epoch: int, task: int, give_up: bool = False) -> tuple[str | None, str] | None:
+        """(pseudonym or None, source) of a task once the log proves it, else None.
+
+        header: the request's X-Conversation-Id. lineage: it sent none, so the conversation
+        is that of the state it continued, if that state's conversation was itself found by
+        lineage (an id-less request is never merged into a conversation that has an id), else
+        a new one. uncertain: the log cannot tell which request the task was."""
+        key = (epoch, task)
+        known = self._task_conv.get(key)
+        if known is not None:
+            return known
+        res = self.join.result(task) if epoch == self.epoch else (UNCERTAIN, "")
+        if res is None:
+            if not give_up:
+                return None
+            res = self.join.give_up(task)
+        source, name = res
+        if source == HEADER:
+            out: tuple[str | None, str] = (name, "header")
+        elif source == UNCERTAIN:
+            out = (None, "uncertain")
+        else:
+            conv = None
+            parent = self._lineage_parent.get(key)
+            if parent is not None:
+                pc = self._conversation(*parent)
+                if pc is None and not give_up:
+                    return None
+                if pc is not None and pc[1] == "lineage":
+                    conv = pc[0]
+            out = (conv or self.pseudonymize(f"lineage:{epoch}:{task}"), "lineage")
+        self._task_conv[key] = out
         if len(self._task_conv) > MAX_TASK_LORA:
             self._task_conv.popitem(last=False)
-
-    def _idle_moment(self) -> None:
-        """No slot is busy, so nothing is deferred: every arrival older than the last launch
-        has its task id. Realign the join if needed and drop arrivals that never became a
-        task (a request rejected before its task existed would shift every later join)."""
-        if any(sl.record is not None for sl in self._slots.values()):
-            return
-        if not self._join_aligned:
-            self._arrivals = [a for a in self._arrivals if a[1] > self._last_launch_us]
-            self._request_ids.clear()
-            self._pruned = self._arrivals_total - len(self._arrivals)
-            self._join_aligned = True
-            return
-        n = len(self._request_ids)
-        while len(self._arrivals) > n and self._now - self._arrivals[n][1] > STALE_ARRIVAL_US:
-            del self._arrivals[n]
-            self._arrivals_total -= 1
-            self.sink.conversation_arrival_dropped()
+        return out
 
     def _record(self, slot: int, task: int) -> RequestRecord | None:
         s = self._slots.get(slot)
@@ -589,6 +584,7 @@ class Assembler:
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_released(self, ev: p.TaskReleased) -> None:
+        self.join.released(ev.slot, self._now)
         s = self._slot(ev.slot)
         rec = s.record
         s.tokens = ev.n_tokens
@@ -599,7 +595,6 @@ class Assembler:
     def _release(self, s: _Slot, rec: RequestRecord, cancelled: bool) -> None:
         rec.end_us = self._now
         s.record = None
-        self._idle_moment()
         rec.cancelled = rec.cancelled or cancelled
         rec._released_seq = self._snapshot_seq
         if s.prefills and s.prefills[-1][1] is None:
@@ -621,12 +616,11 @@ class Assembler:
             if s.record is not None and s.record.task == ev.task:
                 s.record.cancelled = True
                 return
-        # cancelled before it launched: its id still owns an arrival (ids below the kept
-        # window belong to tasks already joined)
-        ids = self._request_ids
-        i = bisect.bisect_left(ids, ev.task)
-        if (i == len(ids) or ids[i] != ev.task) and (i > 0 or not ids):
-            ids.insert(i, ev.task)
+        # never launched: a completion cancelled while queued, or a /slots or /metrics request
+        self.join.cancelled(ev.task)
+
+    def _on_launch_failed(self, ev: p.TaskLaunchFailed) -> None:
+        self.join.launched(ev.task, self._now, self._all_idle())
 
     def _on_failed(self, ev: p.TaskFailed) -> None:
         for s in self._slots.values():
@@ -640,18 +634,14 @@ class Assembler:
         # a /slots poll taken after the release that did not show the task: give up
         return rec._released_seq is not None and self._snapshot_seq > rec._released_seq + 1
 
-    def _join_final(self, rec: RequestRecord) -> bool:
-        """The header join of task T is final once every task with a smaller id is seen.
-        Those ids were handed out before T launched, to requests that arrived before then
-        (n of them). The ids seen that are known to be that old (at most T, or at most the
-        largest id seen when T launched) reach n exactly when all of them are seen. Also
-        final when every arrival has its task."""
-        if rec.epoch != self.epoch or not self._join_aligned:
+    def _conversations_known(self, rec: RequestRecord) -> bool:
+        """Its own conversation, and those of the prefills its decoding overlapped (they are
+        charged the cost), are proven or found uncertain."""
+        if rec.epoch != self.epoch:
             return True
-        if len(self._arrivals) <= len(self._request_ids):
-            return True
-        known_old = self._pruned + bisect.bisect_right(self._request_ids, max(rec.task, rec._max_id_before_launch))
-        return known_old >= rec._arrivals_before_launch
+        if not rec._is_child and self._conversation(rec.epoch, rec.task) is None:
+            return False
+        return all(self._conversation(self.epoch, task) is not None for task, _, _ in self._overlapping(rec))
 
     def _overlap_resolved(self, rec: RequestRecord) -> bool:
         if rec._decode_start_us is None or rec.end_us is None:
@@ -671,7 +661,7 @@ class Assembler:
             if (
                 waited > self.settings.max_wait_us
                 or (waited > JOIN_MAX_WAIT_US and self._lora_resolved(rec) and self._overlap_resolved(rec))
-                or (self._lora_resolved(rec) and self._overlap_resolved(rec) and self._join_final(rec))
+                or (self._lora_resolved(rec) and self._overlap_resolved(rec) and self._conversations_known(rec))
             ):
                 self._finalize(rec)
 
@@ -684,10 +674,8 @@ class Assembler:
 
     def _finalize(self, rec: RequestRecord) -> None:
         self._pending.remove(rec)
-        if rec.epoch == self.epoch and rec.conversation is not None:
-            header = self._header_for(rec.task)
-            if header and header != rec.conversation:
-                self._set_conversation(rec, header, "header")
+        if not rec._is_child:
+            rec.conversation, rec.conversation_source = self._conversation(rec.epoch, rec.task, give_up=True)  # type: ignore[misc]
         st = self.settings
         # LoRA
         if rec._lora_request is None:
@@ -736,7 +724,7 @@ class Assembler:
             )
         # overlap of other slots' prefills with this request's decoding
         if rec._decode_start_us is not None and rec._decode_end_us is not None and rec.decode_seconds:
-            rec.overlap_seconds = self._overlap(rec, rec._decode_start_us, rec._decode_end_us) / 1e6
+            rec.overlap_seconds = self._overlap(rec) / 1e6
             frac = rec.overlap_seconds / rec.decode_seconds
             rec.contention = "prefill" if frac > st.contention_fraction else "none"
         self.sink.request(rec)
@@ -754,24 +742,31 @@ class Assembler:
             return "slot_prefix_mismatch"
         return "unknown"
 
-    def _overlap(self, rec: RequestRecord, start: int, end: int) -> int:
-        """Microseconds of [start, end) during which another slot was prefilling (union), and
-        each prefilling conversation's share, charged to it as cost to the others."""
-        spans: list[tuple[int, int]] = []
-        by_conv: dict[str, int] = {}
+    def _overlapping(self, rec: RequestRecord):
+        """(task, from, to) for every other slot's prefill during this record's decoding."""
+        start, end = rec._decode_start_us, rec._decode_end_us
+        if start is None or end is None or not rec.decode_seconds:
+            return
         for sid, s in self._slots.items():
             if sid == rec.slot or not s.prefills:
                 continue
             for a, b, task in s.prefills:
                 if a is None:
                     continue
-                conv = self._task_conv.get((self.epoch, task))
-                b2 = end if b is None else b
-                lo, hi = max(a, start), min(b2, end)
+                lo, hi = max(a, start), min(end if b is None else b, end)
                 if hi > lo:
-                    spans.append((lo, hi))
-                    if conv is not None:
-                        by_conv[conv] = by_conv.get(conv, 0) + hi - lo
+                    yield task, lo, hi
+
+    def _overlap(self, rec: RequestRecord) -> int:
+        """Microseconds of the decoding during which another slot was prefilling (union), and
+        each prefilling conversation's share, charged to it as cost to the others."""
+        spans: list[tuple[int, int]] = []
+        by_conv: dict[str, int] = {}
+        for task, lo, hi in self._overlapping(rec):
+            spans.append((lo, hi))
+            known = self._conversation(self.epoch, task)
+            if known is not None and known[0] is not None:
+                by_conv[known[0]] = by_conv.get(known[0], 0) + hi - lo
         for conv, us in by_conv.items():
             self.sink.conversation_cost(conv, us / 1e6)
         if by_conv:
@@ -793,7 +788,17 @@ class Assembler:
 # Events after which a waiting record may be complete: a prefill ended, a task launched or was
 # cancelled (the join), a task ended. Checking only then keeps the hot path short.
 _UNBLOCKING = frozenset(
-    {p.TaskLaunched, p.TaskReleased, p.PrefillFinished, p.EvalTiming, p.TaskCancelled, p.ServerStarting}
+    {
+        p.TaskLaunched,
+        p.TaskReleased,
+        p.PrefillFinished,
+        p.EvalTiming,
+        p.TaskCancelled,
+        p.ServerStarting,
+        p.SlotBusy,
+        p.ConversationArrived,
+        p.TaskLaunchFailed,
+    }
 )
 
 _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
@@ -803,6 +808,9 @@ _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
     p.DebugLine: Assembler._on_debug,
     p.SlotSelected: Assembler._on_slot_selected,
     p.ConversationArrived: Assembler._on_conversation_arrived,
+    p.RequestParamsRead: Assembler._on_params_read,
+    p.SlotBusy: Assembler._on_slot_busy,
+    p.TaskLaunchFailed: Assembler._on_launch_failed,
     p.IdleSlotSaving: Assembler._on_idle_slot_saving,
     p.CacheUpdateStarted: Assembler._on_cache_update_started,
     p.PromptSaved: Assembler._on_prompt_saved,

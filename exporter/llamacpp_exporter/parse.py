@@ -53,6 +53,20 @@ class ConversationArrived:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestParamsRead:
+    """``chat format: ...``: a chat request's parameters are being read. llama-server logs it
+    on the request's HTTP thread after the request took its task id (see join.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotBusy:
+    """``- skipping, is_processing = 1``: slot selection for a queued task passed over a busy
+    slot. A task that finds every slot it may use busy is deferred (see join.py)."""
+
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
 class SlotSelected:
     slot: int
     method: str  # "id" | "lcp" | "lru"
@@ -226,6 +240,13 @@ class TaskFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class TaskLaunchFailed:
+    """``failed to launch slot with task, id_task = N``: the task was dropped before it ran."""
+
+    task: int
+
+
+@dataclass(frozen=True, slots=True)
 class DebugLine:
     """A ``D`` line: llama-server runs at -lv 5 and logs prompt text. Content dropped here."""
 
@@ -246,6 +267,8 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     SlotsInitialized,
     CacheEnabled,
     ConversationArrived,
+    RequestParamsRead,
+    SlotBusy,
     SlotSelected,
     CacheUpdateStarted,
     PromptSaved,
@@ -273,6 +296,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     TaskReleased,
     TaskCancelled,
     TaskFailed,
+    TaskLaunchFailed,
     DebugLine,
     Ignored,
     Unrecognized,
@@ -288,6 +312,7 @@ class ParsedLine:
 IGNORED = Ignored()
 UNRECOGNIZED = Unrecognized()
 DEBUG = DebugLine()
+REQUEST_PARAMS_READ = RequestParamsRead()
 
 # ---------------------------------------------------------------- envelope
 
@@ -326,6 +351,7 @@ _RE_SLOTS_INIT = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)"
 _RE_CACHE_LIMIT = re.compile(r"prompt cache is enabled, size limit: (-?\d+) MiB")
 _RE_CANCEL = re.compile(r"cancel task, id_task = (\d+)")
 _RE_SEND_ERROR = re.compile(r"task id = (\d+), error: ")
+_RE_LAUNCH_FAILED = re.compile(r"failed to launch slot with (?:parent )?task, id_task = (\d+)")
 
 # slot-line messages that are known and carry nothing we need
 _SLOT_IGNORED_PREFIXES = (
@@ -393,6 +419,8 @@ def _slot_event(func: str, slot: int, task: int, msg: str) -> Event:
             m = _RE_EVAL_TIMING.match(s)
             if m:
                 return EvalTiming(slot, task, float(m.group(1)), int(m.group(2)), float(m.group(3)))
+        if s.startswith("- skipping, is_processing = 1"):
+            return SlotBusy(slot)
         if s.startswith(("total time", "graphs reused", "- skipping", "- checking sim", "acc per pos")):
             return IGNORED
     elif c == "s":
@@ -498,6 +526,12 @@ def _srv_event(func: str, msg: str) -> Event:
             return TaskFailed(int(m.group(1)))
     if msg.startswith("failed to restore state"):
         return CacheRestoreFailed()
+    if msg.startswith("chat format: "):
+        return REQUEST_PARAMS_READ
+    if msg.startswith("failed to launch slot with"):
+        m = _RE_LAUNCH_FAILED.match(msg)
+        if m:
+            return TaskLaunchFailed(int(m.group(1)))
     return IGNORED
 
 

@@ -59,7 +59,9 @@ class RequestRecord:
     overlap_seconds: float = 0.0
     contention: str | None = None
     conversation: str | None = None  # pseudonym: salted HMAC of the header id, or of a lineage root
-    conversation_source: str | None = None  # "header" or "lineage"
+    # "header" (its X-Conversation-Id), "lineage" (it sent none: cache lineage), "uncertain"
+    # (the log cannot prove which request it was; conversation is None), None for child tasks
+    conversation_source: str | None = None
     wasted_prompt_tokens: int | None = None  # offered by the slot or the RAM cache, computed again
     slowed_by_conversation: str | None = None  # whose prefill overlapped this decoding most
     cancelled: bool = False
@@ -76,8 +78,7 @@ class RequestRecord:
     _decode_end_us: int | None = field(default=None, repr=False)
     _offered_tokens: int | None = field(default=None, repr=False)
     _offered_f_sim: float | None = field(default=None, repr=False)
-    _arrivals_before_launch: int = field(default=0, repr=False)  # arrivals seen when it launched
-    _max_id_before_launch: int = field(default=-1, repr=False)  # largest request id seen then
+    _is_child: bool = field(default=False, repr=False)  # a child task of an n > 1 request
 
     def to_event(self) -> dict:
         """The events-file line: public fields only."""

