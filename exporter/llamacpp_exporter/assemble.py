@@ -18,7 +18,7 @@ from typing import Protocol
 
 from . import parse as p
 from .conversations import Pseudonymizer
-from .join import HEADER, UNCERTAIN, HeaderJoin
+from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
 
 log = logging.getLogger(__name__)
@@ -92,7 +92,8 @@ class _Slot:
     last_task: int | None = None
     selection: _Selection | None = None
     record: RequestRecord | None = None
-    # recent prefill intervals [start, end, conversation] in server microseconds; end None = running
+    # recent prefill intervals [start, end, task, exact] in server microseconds; end None =
+    # running; exact once the server's own timings (or the release) fixed them
     prefills: list[list] | None = None
 
 
@@ -326,7 +327,7 @@ class Assembler:
         self._count_dropped()
 
     def _on_params_read(self, ev: p.RequestParamsRead) -> None:
-        self.join.params_read()
+        self.join.params_read(self._now)
 
     def _on_slot_busy(self, ev: p.SlotBusy) -> None:
         self.join.slot_busy(ev.slot)
@@ -453,7 +454,7 @@ class Assembler:
         s.record = rec
         s.last_task = ev.task
         assert s.prefills is not None
-        s.prefills.append([self._now, None, ev.task])
+        s.prefills.append([self._now, None, ev.task, False])
         if len(s.prefills) > MAX_PREFILL_HISTORY:
             del s.prefills[0]
         if self.request_poll is not None:
@@ -486,7 +487,10 @@ class Assembler:
         known = self._task_conv.get(key)
         if known is not None:
             return known
-        res = self.join.result(task) if epoch == self.epoch else (UNCERTAIN, "")
+        if self.verbosity is not None and self.verbosity < 4 or self._diag is False:
+            res: tuple[str, str] | None = (NONE, "")  # below -lv 4 no request shows its id: lineage only
+        else:
+            res = self.join.result(task) if epoch == self.epoch else (UNCERTAIN, "")
         if res is None:
             if not give_up:
                 return None
@@ -580,7 +584,7 @@ class Assembler:
             s = self._slot(ev.slot)
             assert s.prefills is not None
             if s.prefills:
-                s.prefills[-1] = [prefill_start, decode_start, rec.task]
+                s.prefills[-1] = [prefill_start, decode_start, rec.task, True]
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_released(self, ev: p.TaskReleased) -> None:
@@ -597,6 +601,8 @@ class Assembler:
         s.record = None
         rec.cancelled = rec.cancelled or cancelled
         rec._released_seq = self._snapshot_seq
+        if s.prefills and s.prefills[-1][2] == rec.task:
+            s.prefills[-1][3] = True
         if s.prefills and s.prefills[-1][1] is None:
             s.prefills[-1][1] = self._now
             self.sink.prefill_in_progress(rec.slot, 0)
@@ -649,8 +655,8 @@ class Assembler:
         for sid, s in self._slots.items():
             if sid == rec.slot or not s.prefills:
                 continue
-            for start, end, _conv in s.prefills:
-                if end is None and start is not None and start < rec.end_us:
+            for start, _end, _task, exact in s.prefills:
+                if not exact and start is not None and start < rec.end_us:
                     return False
         return True
 
@@ -750,7 +756,7 @@ class Assembler:
         for sid, s in self._slots.items():
             if sid == rec.slot or not s.prefills:
                 continue
-            for a, b, task in s.prefills:
+            for a, b, task, _exact in s.prefills:
                 if a is None:
                     continue
                 lo, hi = max(a, start), min(end if b is None else b, end)

@@ -46,7 +46,7 @@ What the join proves, and how (every step is a consequence of the rules above):
 - An arrival is *settled* once the log proves its id was taken: a ``chat format`` line while
   it is the only unsettled arrival (rule 3); or as soon as the request tasks known to exist
   (launched, failed to launch, or deferred) are at least as many as the arrivals, so every
-  arrival has one (rules 2, 5). Deferrals are counted from the busy-slot lines; a retry after
+  arrival has one (rules 2, 5); or, failing both, ID_DELAY_US after it arrived. Deferrals are counted from the busy-slot lines; a retry after
   a release (rule 5) is not counted twice; where the log leaves open whether a turn was a
   retry, the count keeps both bounds and settles only on the lower one.
 - Arrivals that came while an earlier one was unsettled form a *cluster*: their ids may be in
@@ -84,6 +84,10 @@ HEADER = "header"  # the request carried this conversation id
 NONE = "none"  # the request carried no id (cache lineage decides)
 UNCERTAIN = "uncertain"  # the log cannot prove which request this task was
 
+# Between its arrival line and its id a request only tokenizes its prompt (rule 2): milliseconds
+# in every recorded run, tens of them on a starved machine. Past this bound the join takes it
+# that the request has its id; the one rule that rests on time rather than on log lines.
+ID_DELAY_US = 5_000_000
 STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS = 4096  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS = 8192
@@ -93,6 +97,7 @@ MAX_RESULTS = 8192
 class _Arrival:
     name: str  # pseudonym, "" when the request sent no id
     cluster: int
+    at_us: int
 
 
 @dataclass(slots=True)
@@ -181,19 +186,25 @@ class HeaderJoin:
         self._last_arrival_us = now_us
         if not self.aligned:
             return
+        self._settle_old(now_us)
         if not self._open:
             self._cluster += 1
         self._open.append(len(self._arrivals))
-        self._arrivals.append(_Arrival(name, self._cluster))
+        self._arrivals.append(_Arrival(name, self._cluster, now_us))
         if len(self._arrivals) > MAX_ARRIVALS:
             self._fail_unresolved()
             self._reset()
             self.aligned = False
 
-    def params_read(self) -> None:
+    def params_read(self, now_us: int) -> None:
         """A chat request's ``chat format`` line: the only unsettled arrival has its id."""
+        self._settle_old(now_us)
         if len(self._open) == 1:
             self._open.clear()
+
+    def _settle_old(self, now_us: int) -> None:
+        while self._open and now_us - self._arrivals[self._open[0]].at_us > ID_DELAY_US:
+            del self._open[0]
 
     def slot_busy(self, slot: int) -> None:
         pinned, self._pinned = self._pinned, None
@@ -243,6 +254,7 @@ class HeaderJoin:
         queue, the first one pinned to that slot, else the oldest."""
         self._last_activity_us = now_us
         self._busy_next, self._pinned = 0, None
+        self._settle_old(now_us)
         if self._exact:
             if self._queue:
                 k = next((i for i, d in enumerate(self._queue) if d.pinned == slot), 0)
