@@ -211,3 +211,42 @@ def test_continuation_lines_do_not_move_the_clock():
     a.feed(p.parse_line("0.01.000.000 I srv  llama_server: initializing ..."), 0)
     a.feed(p.parse_line("\trepeat_last_n = 64, repeat_penalty = 1.000"), 1_800_000_000_000_000)
     assert a._now == 1_000_000
+
+
+@pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine"])
+def test_overlap_agrees_with_the_servers_own_timings(log):
+    """Each record's overlap with other slots' prefills, against an independent reading of the
+    log's print_timing lines (decode ends at the eval line; decode and prefill times are the
+    server's). A record must wait until the prefills it overlaps have their exact times."""
+    tasks: dict[int, dict] = {}
+    for line in log_lines(log + ".log"):
+        pl = p.parse_line(line)
+        ev = pl.event
+        if isinstance(ev, p.PromptTiming):
+            tasks.setdefault(ev.task, {}).update(slot=ev.slot, prefill_ms=ev.ms)
+        elif isinstance(ev, p.EvalTiming):
+            tasks.setdefault(ev.task, {}).update(slot=ev.slot, end=pl.ts_us, decode_ms=ev.ms)
+    spans = {}
+    for task, t in tasks.items():
+        decode_start = t["end"] - int(t["decode_ms"] * 1000)
+        spans[task] = (t["slot"], decode_start - int(t["prefill_ms"] * 1000), decode_start, t["end"])
+
+    def expected(task: int) -> float:
+        slot, _, d0, d1 = spans[task]
+        cuts = sorted(
+            (max(a, d0), min(b, d1)) for s, a, b, _ in spans.values() if s != slot and min(b, d1) > max(a, d0)
+        )
+        total, lo, hi = 0, None, None
+        for a, b in cuts:
+            if hi is None or a > hi:
+                total += (hi - lo) if hi is not None else 0
+                lo, hi = a, b
+            else:
+                hi = max(hi, b)
+        return (total + ((hi - lo) if hi is not None else 0)) / 1e6
+
+    recs, _ = replay_records(log_lines(log + ".log"))
+    checked = [(r.task, r.overlap_seconds, expected(r.task)) for r in recs if r.task in spans]
+    assert len(checked) >= 19 and sum(e for _, _, e in checked) > 0.5
+    for task, got, want in checked:
+        assert abs(got - want) < 1e-6, (task, got, want)

@@ -172,3 +172,70 @@ def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment():
     pl.flush()
     assert [r.conversation for r in recs] == [ps("id:first"), ps("id:second"), ps("id:third")]
     assert reg.get_sample_value("llamacpp_exporter_conversation_arrivals_dropped_total") == 1
+
+
+# ---------------------------------------------------------------- lineage keeps conversations apart
+
+
+def invented_task(sec: int, task: int, select: str, conv: str | None, n: int = 100) -> list[str]:
+    """INVENTED lines, shaped like -lv 4 output: one chat request (conv_id= and its chat format
+    line), its slot selection, launch, prefill and decode on slot 0, release."""
+    ts = f"0.{sec:02d}"
+    return [
+        f"{ts}.000.000 I srv  server_strea: conv_id={conv or ''} (empty={0 if conv else 1})",
+        f"{ts}.000.100 I srv    operator(): chat format: peg-native",
+        f"{ts}.000.200 I slot get_availabl: id  0 | task -1 | {select}",
+        f"{ts}.000.300 I slot launch_slot_: id  0 | task {task} | processing task, is_child = 0",
+        f"{ts}.000.400 I slot   operator(): id  0 | task {task} | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = {n}",
+        f"{ts}.000.500 I slot   operator(): id  0 | task {task} | cached n_tokens = 0, memory_seq_rm [0, end)",
+        f"{ts}.400.000 I slot print_timing: id  0 | task {task} | prompt eval time =     399.00 ms /   {n} tokens (    4.00 ms per token,   250.00 tokens per second)",
+        f"{ts}.500.000 I slot print_timing: id  0 | task {task} |        eval time =     100.00 ms /     5 tokens (   20.00 ms per token,    50.00 tokens per second)",
+        f"{ts}.500.100 I slot      release: id  0 | task {task} | stop processing: n_tokens = {n + 4}, truncated = 0",
+    ]
+
+
+LRU = "selected slot by LRU, t_last = -1"
+PINNED = "selected slot by id (0)"
+
+
+def lcp(f_keep: float) -> str:
+    return f"selected slot by LCP similarity, f_sim_best = 0.900 (> 0.100 thold), f_keep = {f_keep:.3f}"
+
+
+def conversations_of(*tasks: list[str]) -> list[tuple[str | None, str | None]]:
+    lines = [
+        "0.00.000.100 I srv  llama_server: initializing ...",
+        "0.00.000.200 I srv          init: initializing, n_slots = 1, n_ctx_slot = 8192",
+    ]
+    for t in tasks:
+        lines += t
+    return [(r.conversation, r.conversation_source) for r in sorted(replay(lines), key=lambda r: r.task)]
+
+
+def test_lineage_follows_an_id_less_conversation_that_continues_its_state():
+    (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, None), invented_task(2, 1, lcp(1.0), None))
+    assert sa == sb == "lineage" and a == b
+
+
+def test_lineage_never_extends_a_conversation_that_sent_an_id():
+    # an id-less request (a health probe, another client) continuing a header conversation's state
+    (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, "conv-a"), invented_task(2, 1, lcp(1.0), None))
+    assert (sa, sb) == ("header", "lineage") and a != b
+
+
+def test_lineage_does_not_merge_conversations_that_only_share_a_prefix():
+    # a second id-less client with the same long system prompt: it keeps 60% of the slot's state
+    (a, _), (b, _) = conversations_of(invented_task(1, 0, LRU, None), invented_task(2, 1, lcp(0.6), None))
+    assert a != b
+
+
+def test_a_pinned_request_is_not_a_continuation_of_the_slot_it_asked_for():
+    # id_slot says nothing about how much of the slot's state the request keeps
+    (a, _), (b, _) = conversations_of(invented_task(1, 0, LRU, None), invented_task(2, 1, PINNED, None))
+    assert a != b
+
+
+def test_a_client_reusing_a_conversation_prefix_under_its_own_id_keeps_its_id():
+    (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, "conv-a"), invented_task(2, 1, lcp(1.0), "conv-b"))
+    ps = Pseudonymizer(SALT)
+    assert (a, sa, b, sb) == (ps("id:conv-a"), "header", ps("id:conv-b"), "header")
