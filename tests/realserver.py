@@ -87,6 +87,8 @@ class LlamaServer:
     cache_ram: int = 512
     verbosity: int = 4
     jsonl: bool = False
+    threads: int = 2
+    cpus: str | None = None  # pin the server (and its HTTP threads) to these CPUs, taskset -c
     log_file: bool = False  # True: llama-server writes the log itself (--log-file, truncated at each start)
     extra: list[str] = field(default_factory=list)
     port: int = 0
@@ -117,7 +119,7 @@ class LlamaServer:
             str(self.cache_ram),
             "--metrics",
             "-t",
-            "2",
+            str(self.threads),
             "-lv",
             str(self.verbosity),
             "--temp",
@@ -130,6 +132,8 @@ class LlamaServer:
             "off",
             *self.extra,
         ]
+        if self.cpus is not None:
+            cmd = ["taskset", "-c", self.cpus, *cmd]
         if self.jsonl:
             cmd.append("--log-jsonl")  # JSON lines go to stdout, captured below
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -145,6 +149,24 @@ class LlamaServer:
     def stop(self) -> None:
         terminate(self.proc)
         self.proc = None
+
+
+class BusyLoop:
+    """A process that keeps one CPU busy: the server pinned to that CPU runs as on a slower,
+    busier machine (prefills take seconds, requests queue, HTTP threads tokenize slowly)."""
+
+    def __init__(self, cpu: str) -> None:
+        self.cpu = cpu
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> BusyLoop:
+        self.proc = subprocess.Popen(["taskset", "-c", self.cpu, sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -175,64 +175,136 @@ def chat_workload(
 LONG_CONV = "long-conversation"
 
 
+@dataclass
+class Contention:
+    """What the contention workload sent besides the chats."""
+
+    gave_up: int = 0  # clients that gave up while their request was queued
+    probes: list[Truth] = field(default_factory=list)  # id-less health probes that completed
+    slots_polls: int = 0  # GET /slots by another client
+
+
+def _long_prefill_slot(client: httpx.Client, min_tokens: int) -> int | None:
+    """The slot prefilling a prompt of at least min_tokens right now, per /slots."""
+    for s in client.get("/slots", timeout=600).json():
+        if s.get("is_processing") and (s.get("n_prompt_tokens") or 0) >= min_tokens:
+            nd = s.get("next_token") or [{}]
+            if not nd[0].get("n_decoded"):
+                return int(s["id"])
+    return None
+
+
 def contention_workload(
-    url: str, send_ids: bool = True, seed: int = 23, short_convs: int = 4, short_turns: int = 4, long_turns: int = 3
-) -> tuple[list[Truth], int]:
-    """One long conversation (~3,000-token system prompt) that misses the cache on every turn
-    (its client changes the LoRA scale each turn, so llama-server clears the cached state),
-    next to short chats that decode while it prefills, plus requests whose clients give up
-    while they wait for a slot (cancelled before their task launches).
-    Returns the completed requests' ground truth and the number of cancelled requests."""
+    url: str,
+    send_ids: bool = True,
+    seed: int = 23,
+    short_convs: int = 4,
+    short_turns: int = 3,
+    long_turns: int = 3,
+    long_words: int = 1200,
+) -> tuple[list[Truth], Contention]:
+    """One long conversation (a long system prompt) that misses the cache on every turn (its
+    client changes the LoRA scale each turn, so llama-server clears the cached state), next to
+    short chats that decode while it prefills. Around them:
+    - impatient clients: each waits until /slots shows the long prompt being prefilled, sends
+      a chat request pinned to that slot (id_slot, no X-Conversation-Id) and gives up after
+      0.3 s, while it is queued (the slot then still has the prefill's rest and 64 tokens to
+      decode);
+    - a health probe without an id: a tiny chat request every 1.5 s;
+    - another client polling /slots every 0.25 s.
+    Returns the chats' ground truth and what else was sent."""
     results: list[Truth] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
-    cancelled = [0]
+    extra = Contention()
+    done = threading.Event()
+
+    def guarded(fn):
+        def run(*args):
+            try:
+                fn(*args)
+            except BaseException as e:  # noqa: BLE001 - surfaced by the caller
+                errors.append(e)
+                done.set()
+
+        return run
 
     def chat(name: str, words: int, turns: int, max_tokens: int, lora_scales: list[float] | None, delay: float):
         rng = random.Random(f"{seed}-{name}")
-        try:
-            _chat(
-                url,
-                name,
-                f"{name}. " + text(rng, words),
-                turns,
-                max_tokens,
-                lambda turn: [{"id": 0, "scale": lora_scales[turn % len(lora_scales)]}] if lora_scales else None,
-                rng,
-                results,
-                lock,
-                send_id=send_ids,
-                delay=delay,
-                user_words=(15, 40),
-                pause=(0.2, 0.6),
-            )
-        except BaseException as e:  # noqa: BLE001 - surfaced by the caller
-            errors.append(e)
+        _chat(
+            url,
+            name,
+            f"{name}. " + text(rng, words),
+            turns,
+            max_tokens,
+            lambda turn: [{"id": 0, "scale": lora_scales[turn % len(lora_scales)]}] if lora_scales else None,
+            rng,
+            results,
+            lock,
+            send_id=send_ids,
+            delay=delay,
+            user_words=(15, 40),
+            pause=(0.2, 0.6),
+        )
 
-    def impatient(name: str, delay: float) -> None:
-        # pinned to the long conversation's slot (id_slot 1, the first slot taken) it waits
-        # deferred while that slot prefills; its client gives up after 0.3 s. It sends no
-        # X-Conversation-Id: llama-server keeps a request with one running after a disconnect
-        # (resumable streams) and cancels only those without.
-        rng = random.Random(f"{seed}-{name}")
-        headers: dict[str, str] = {}
-        time.sleep(delay)
-        body = {"prompt": text(rng, 30), "n_predict": 16, "temperature": 0, "id_slot": 1}
-        try:
-            httpx.post(url + "/completion", json=body, headers=headers, timeout=0.3)
-        except httpx.TimeoutException:
-            with lock:
-                cancelled[0] += 1
+    def impatient(n: int) -> None:
+        rng = random.Random(f"{seed}-impatient")
+        with httpx.Client(base_url=url) as c:
+            for _ in range(n):
+                slot = None
+                while slot is None and not done.is_set():
+                    slot = _long_prefill_slot(c, long_words)
+                    time.sleep(0.05)
+                if slot is None:
+                    return
+                # one token: if the server runs it anyway, its decoding overlaps nothing measurable
+                body = {
+                    "messages": [{"role": "user", "content": text(rng, 30)}],
+                    "max_tokens": 1,
+                    "temperature": 0,
+                    "id_slot": slot,
+                }
+                try:
+                    httpx.post(url + "/v1/chat/completions", json=body, timeout=0.3)
+                except httpx.TimeoutException:
+                    with lock:
+                        extra.gave_up += 1
+                while not done.is_set() and _long_prefill_slot(c, long_words) == slot:
+                    time.sleep(0.1)  # the next one waits for the next long prefill
 
-    threads = [threading.Thread(target=chat, args=(LONG_CONV, 2300, long_turns, 16, [0.5, 0.7], 0.0))]
+    def probe() -> None:
+        with httpx.Client(base_url=url) as c:
+            i = 0
+            while not done.wait(1.5):
+                i += 1
+                t0 = time.time()
+                body = {"messages": [{"role": "user", "content": f"health check {i}"}], "max_tokens": 2}
+                r = c.post("/v1/chat/completions", json=body, timeout=600)
+                r.raise_for_status()
+                with lock:
+                    extra.probes.append(_truth("", i, False, r.json()["timings"], t0))
+
+    def slots_poller() -> None:
+        with httpx.Client(base_url=url) as c:
+            while not done.wait(0.25):
+                c.get("/slots", timeout=600).raise_for_status()
+                extra.slots_polls += 1
+
+    chats = [threading.Thread(target=guarded(chat), args=(LONG_CONV, long_words, long_turns, 64, [0.5, 0.7], 0.0))]
     for i in range(short_convs):
-        threads.append(threading.Thread(target=chat, args=(f"short-{i}", 60, short_turns, 48, None, 0.5 + 0.4 * i)))
-    for i, d in enumerate((4.0, 9.0)):
-        threads.append(threading.Thread(target=impatient, args=(f"impatient-{i}", d)))
-    for t in threads:
+        chats.append(
+            threading.Thread(target=guarded(chat), args=(f"short-{i}", 60, short_turns, 48, None, 0.5 + 0.4 * i))
+        )
+    around = [
+        threading.Thread(target=guarded(f), args=a) for f, a in ((impatient, (2,)), (probe, ()), (slots_poller, ()))
+    ]
+    for t in chats + around:
         t.start()
-    for t in threads:
+    for t in chats:
+        t.join()
+    done.set()
+    for t in around:
         t.join()
     if errors:
         raise errors[0]
-    return results, cancelled[0]
+    return results, extra
