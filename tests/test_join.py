@@ -26,6 +26,9 @@ def attribution(log: str) -> tuple[int, int, int, list]:
         if r.conversation_source == "uncertain":
             assert r.conversation is None
             uncertain += 1
+        elif not t["conv"]:  # a request sent without an id
+            right += r.conversation_source == "lineage"
+            wrong += r.conversation_source != "lineage"
         elif r.conversation == ps("id:" + t["conv"]) and r.conversation_source == "header":
             right += 1
         else:
@@ -33,7 +36,9 @@ def attribution(log: str) -> tuple[int, int, int, list]:
     return right, uncertain, wrong, recs
 
 
-@pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine", "lv4-np1-cancelled"])
+@pytest.mark.parametrize(
+    "log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine", "lv4-np2-starved", "lv4-np1-cancelled"]
+)
 def test_recorded_logs_no_request_is_named_after_another(log):
     right, uncertain, wrong, _ = attribution(log)
     print(f"{log}: {right} right, {uncertain} uncertain, {wrong} wrong")

@@ -212,14 +212,16 @@ class ExporterMetrics:
         )
         self.conversation_joins = Counter(
             "llamacpp_exporter_conversation_joins",
-            "Requests attributed to a conversation, by how: header (X-Conversation-Id), lineage (cache lineage), none.",
+            "Requests by how their conversation was found: header (the X-Conversation-Id the request sent), lineage "
+            "(it sent none: cache lineage), uncertain (the log cannot prove which request the task was, so no "
+            "conversation is named), none (child tasks of n > 1 requests).",
             ["source"],
             registry=r,
         )
         self.arrivals_dropped = Counter(
             "llamacpp_exporter_conversation_arrivals_dropped",
-            "Requests seen arriving (conv_id=) whose task never appeared (rejected before it existed); dropped "
-            "from the conversation join.",
+            "Requests seen arriving (conv_id=) whose task never appeared (rejected, or cancelled by a line the join "
+            "could not place), dropped from the conversation join after an idle spell.",
             registry=r,
         )
         self.restarts = Counter(
@@ -252,7 +254,7 @@ class ExporterMetrics:
                 self.restores.labels(lora, res)
         for c in CONTENTION:
             self.tpot.labels(c)
-        for src in ("header", "lineage", "none"):
+        for src in ("header", "lineage", "uncertain", "none"):
             self.conversation_joins.labels(src)
         for res in LOG_LINE_RESULTS:
             self.log_lines.labels(res)
