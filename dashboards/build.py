@@ -711,6 +711,26 @@ def contention() -> dict[str, Any]:
         12,
         9,
     )
+    lay.add(
+        timeseries(
+            "How requests were attributed to conversations",
+            "header: the X-Conversation-Id the request sent; lineage: it sent none and is grouped by cache "
+            "lineage; uncertain: the log cannot prove which request the task was (two requests arrived within "
+            "milliseconds, or a cancel line could not be placed), so it is left out of the conversations above "
+            "rather than named after the wrong one.",
+            "reqps",
+            [
+                (
+                    f"sum by (source) (rate(llamacpp_exporter_conversation_joins_total{{{S}}}[{RI}]))",
+                    "{{source}}",
+                )
+            ],
+            stack=True,
+            overrides=[color("header", "green"), color("lineage", "blue"), color("uncertain", "orange")],
+        ),
+        24,
+        6,
+    )
     lay.row("Who is prefilling, who is waiting")
     lay.add(
         timeseries(
