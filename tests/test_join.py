@@ -239,3 +239,22 @@ def test_history_is_dropped_once_every_request_is_accounted_for():
         r.at(i * 10).arrive(f"c{i}").chat_format().launch(i * 3, 0).release(0)
     assert all(r.res(i * 3) == (HEADER, f"c{i}") for i in range(100))
     assert len(r.j._arrivals) <= 1 and len(r.j._definite) <= 1  # rebased after each request
+
+
+def test_a_server_that_is_never_idle_keeps_its_join_and_bounded_state():
+    # INVENTED: 6,000 requests on 2 slots, one request always waiting in the deferred queue
+    # (so the join never starts afresh): the oldest history is pruned as it settles
+    r = Run()
+    r.arrive("c0").chat_format().launch(0, 0).arrive("c1").chat_format().launch(1, 1)
+    r.arrive("c2").chat_format().defer()
+    names = {0: "c0", 1: "c1"}
+    slot = 0
+    for i in range(3, 6000):
+        r.at(i * 10).arrive(f"c{i}").chat_format().defer()  # both slots busy: deferred
+        task = 3 * (i - 1)  # ids in arrival order, other endpoints take ids in between
+        r.release(slot).launch(task, slot)  # the release sends the oldest waiting one back
+        names[task] = f"c{i - 1}"
+        slot = 1 - slot
+        assert len(r.j._queue) == 1
+    assert all(r.res(t) == (HEADER, n) for t, n in names.items())
+    assert len(r.j._arrivals) < 200 and len(r.j._definite) < 200 and len(r.j._last_owner) < 200

@@ -326,16 +326,19 @@ class HeaderJoin:
             self._open.clear()
 
     def _resolve_all(self) -> None:
+        if not self._unresolved and not self._arrivals:
+            return
+        # rank bounds: r(y) <= last_owner(y) for every task y (all ids below y were taken by
+        # other requests that arrived before y's request was handled), and ranks grow by at
+        # least one from one seen id to the next: r(ids[j]) <= j + min over i >= j of
+        # (last_owner(ids[i]) - i)
+        ids = self._definite
+        suffix_min = [0] * (len(ids) + 1)
+        best = 1 << 60
+        for i in range(len(ids) - 1, -1, -1):
+            best = min(best, self._last_owner[ids[i]] - i)
+            suffix_min[i] = best
         if self._unresolved:
-            # rank bounds: r(y) <= last_owner(y) for every task y (all ids below y were taken
-            # by other requests that arrived before y's request was handled), and ranks
-            # grow by at least one from one seen id to the next
-            ids = self._definite
-            suffix_min = [0] * (len(ids) + 1)
-            best = 1 << 60
-            for i in range(len(ids) - 1, -1, -1):
-                best = min(best, self._last_owner[ids[i]] - i)
-                suffix_min[i] = best
             everything_seen = len(ids) + len(self._ambiguous) >= len(self._arrivals)
             for task in list(self._unresolved):
                 j = bisect.bisect_left(ids, task)
@@ -344,6 +347,7 @@ class HeaderJoin:
                     self._unresolved.discard(task)
                     self._store(task, res)
         self._maybe_rebase()
+        self._prune(suffix_min)
 
     def _resolve(self, task: int, lo: int, hi: int, everything_seen: bool) -> tuple[str, str] | None:
         """The task's rank r lies in [lo, hi]. The arrivals of one cluster hold the ranks of
@@ -364,6 +368,37 @@ class HeaderJoin:
             name = names.pop()
             return (HEADER, name) if name else (NONE, "")
         return (UNCERTAIN, "") if everything_seen else None
+
+    def _prune(self, suffix_min: list[int]) -> None:
+        """Forget the oldest arrivals and ids once they are settled: when the k smallest ids
+        seen have exactly the ranks 0..k-1 (then no other request id lies below them, and the
+        cancelled ids below them were not requests), are resolved, and the first k arrivals
+        are settled whole clusters. Keeps the state bounded on a server that is never idle."""
+        ids, arrivals = self._definite, self._arrivals
+        k = 0
+        for i in range(len(ids)):  # suffix_min never decreases with i
+            if suffix_min[i] != 0 or ids[i] in self._unresolved or i >= len(arrivals):
+                break
+            k = i + 1
+        open_from = self._open[0] if self._open else len(arrivals)
+        while k > 0 and (k > open_from or (k < len(arrivals) and arrivals[k].cluster == arrivals[k - 1].cluster)):
+            k -= 1
+        if k < 64 and len(arrivals) < MAX_ARRIVALS // 2:
+            return  # not worth the copying yet
+        if k == 0:
+            return
+        top = ids[k - 1]
+        for t in ids[:k]:
+            del self._last_owner[t]
+        del ids[:k]
+        del arrivals[:k]
+        for t in ids:
+            self._last_owner[t] -= k
+        self._ambiguous = [a for a in self._ambiguous if a > top]
+        self._open = [i - k for i in self._open]
+        for d in self._queue + self._sent_back:
+            d.last_owner -= k
+        self._base_id = max(self._base_id, top)
 
     def _maybe_rebase(self) -> None:
         """Every arrival has its task seen (or cancelled), nothing is deferred and every task
