@@ -491,6 +491,8 @@ class Assembler:
             res: tuple[str, str] | None = (NONE, "")  # below -lv 4 no request shows its id: lineage only
         else:
             res = self.join.result(task) if epoch == self.epoch else (UNCERTAIN, "")
+            if res is None and not self.join.pending(task):
+                res = (UNCERTAIN, "")  # a child task, or one the join never saw launch
         if res is None:
             if not give_up:
                 return None

@@ -151,6 +151,10 @@ class HeaderJoin:
         """(source, pseudonym) once final: (HEADER, name), (NONE, "") or (UNCERTAIN, "")."""
         return self._results.get(task)
 
+    def pending(self, task: int) -> bool:
+        """Seen and not resolved yet: the log may still settle it."""
+        return task in self._unresolved
+
     def give_up(self, task: int) -> tuple[str, str]:
         """The log did not settle the task in time."""
         res = self._results.get(task)
