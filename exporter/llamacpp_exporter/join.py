@@ -405,15 +405,17 @@ class HeaderJoin:
         self._base_id = max(self._base_id, top)
 
     def _maybe_rebase(self) -> None:
-        """Every arrival has its task seen (or cancelled), nothing is deferred and every task
-        is resolved: start afresh, so that nothing old can shift a new rank."""
+        """Every arrival has its task launched, nothing is deferred and every task is
+        resolved: start afresh, so that nothing old can shift a new rank."""
         if (
             self._arrivals
             and not self._open
             and not self._unresolved
             and self._deferred_count() == 0
             and (self._exact or (self._deferred_hi == 0 and self._retries_hi == 0))
-            and len(self._definite) + len(self._ambiguous) >= len(self._arrivals)
+            # launched tasks only: a cancel line may be another client's /slots request, and a
+            # request it does not account for may have a task still waiting to be tried
+            and len(self._definite) >= len(self._arrivals)
         ):
             ids = self._definite[-1:] + self._ambiguous[-1:]
             self.last_max_id = max([self.last_max_id, *ids])
