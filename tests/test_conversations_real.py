@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,22 @@ pytestmark = pytest.mark.real_server
 SALT = "a-test-salt-of-enough-length"
 
 
+def wait_matched(path: Path, truths: list[Truth], timeout: float = 60.0) -> list[dict]:
+    """The events file once every response has its record. Counting lines is not enough: the
+    impatient clients' tasks have records too, and a record is written only once the prefills
+    it overlapped have the server's timings, so the last responses' records can come later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        recs = wait_records(path, len(truths), timeout=max(1.0, deadline - time.monotonic()))
+        try:
+            match(recs, truths)
+            return recs
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def run(parts, workdir: Path, send_ids: bool):
     salt_file = workdir / "salt"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -36,7 +53,7 @@ def run(parts, workdir: Path, send_ids: bool):
             exp = start_exporter(srv, workdir, "--conversations.salt-file", str(salt_file))
             truths, extra = contention_workload(srv.url, send_ids=send_ids)
             (workdir / "truth.jsonl").write_text("".join(json.dumps(t.__dict__) + "\n" for t in truths + extra.probes))
-            recs = wait_records(workdir / "events.jsonl", len(truths) + len(extra.probes))
+            recs = wait_matched(workdir / "events.jsonl", truths + extra.probes)
             top = subprocess.run(
                 [sys.executable, "-m", "llamacpp_exporter", "top", "--url", exp.url, "--once", "--format", "json"],
                 capture_output=True,
