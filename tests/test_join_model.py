@@ -211,44 +211,40 @@ def simulate(
     return right, uncertain, wrong
 
 
+def named_and_uncertain(n_slots: int, mix: Mix, seeds: int = 150) -> tuple[int, int]:
+    """Over many seeds: tasks named right, tasks left uncertain; fails on any wrong name."""
+    totals = [0, 0]
+    for seed in range(seeds):
+        right, uncertain, wrong = simulate(seed, n_slots, mix)
+        assert wrong == 0, f"seed {seed}: {wrong} tasks named after another request"
+        totals[0] += right
+        totals[1] += uncertain
+    return totals[0], totals[1]
+
+
 @pytest.mark.parametrize("n_slots", [1, 2, 4])
 def test_the_join_never_names_the_wrong_request(n_slots):
     """Everything at once: /completion requests (no line after their id), pinned requests,
     clients giving up, rejected requests, slow tokenizing, other clients' cancel lines, long
     batches. Many tasks cannot be proven here; none may be named wrong."""
-    totals = [0, 0]
-    for seed in range(150):
-        right, uncertain, wrong = simulate(seed, n_slots, STRESS)
-        assert wrong == 0, f"seed {seed}: {wrong} tasks named after another request"
-        totals[0] += right
-        totals[1] += uncertain
-    print(f"stress, {n_slots} slots: {totals[0]} named right, {totals[1]} uncertain, 0 wrong")
-    assert totals[0] > 0
+    right, uncertain = named_and_uncertain(n_slots, STRESS)
+    print(f"stress, {n_slots} slots: {right} named right, {uncertain} uncertain, 0 wrong")
+    assert right > 0
 
 
 @pytest.mark.parametrize("n_slots", [1, 2, 4])
 def test_chat_clients_are_named(n_slots):
     """Chat clients (every request logs "chat format" after its id), pinned requests, long
     batches: nearly every task is named, none wrong."""
-    totals = [0, 0]
-    for seed in range(150):
-        right, uncertain, wrong = simulate(seed, n_slots, CHAT)
-        assert wrong == 0, f"seed {seed}: {wrong} tasks named after another request"
-        totals[0] += right
-        totals[1] += uncertain
-    print(f"chat clients, {n_slots} slots: {totals[0]} named right, {totals[1]} uncertain, 0 wrong")
-    assert totals[0] >= 0.9 * (totals[0] + totals[1])
+    right, uncertain = named_and_uncertain(n_slots, CHAT)
+    print(f"chat clients, {n_slots} slots: {right} named right, {uncertain} uncertain, 0 wrong")
+    assert right >= 0.9 * (right + uncertain)
 
 
 def test_cancelled_chat_requests_cost_coverage_not_correctness():
     """5% of clients give up and llama-server cancels their queued tasks: a cancel line may be
     another client's /slots request, so the tasks after it stay uncertain until the history
     settles; the figure is printed, and nothing is named wrong."""
-    totals = [0, 0]
-    for seed in range(150):
-        right, uncertain, wrong = simulate(seed, 2, CHAT_CANCELS)
-        assert wrong == 0, f"seed {seed}: {wrong} tasks named after another request"
-        totals[0] += right
-        totals[1] += uncertain
-    print(f"chat clients, 5% cancelled: {totals[0]} named right, {totals[1]} uncertain, 0 wrong")
-    assert totals[0] > 0
+    right, uncertain = named_and_uncertain(2, CHAT_CANCELS)
+    print(f"chat clients, 5% cancelled: {right} named right, {uncertain} uncertain, 0 wrong")
+    assert right > 0
