@@ -250,3 +250,36 @@ def test_overlap_agrees_with_the_servers_own_timings(log):
     assert len(checked) >= 19 and sum(e for _, _, e in checked) > 0.5
     for task, got, want in checked:
         assert abs(got - want) < 1e-6, (task, got, want)
+
+
+def _by_turn(name: str) -> list[tuple[dict, RequestRecord]]:
+    """Sequential requests on one slot: the n-th record is the n-th response."""
+    recs, _ = replay_records(log_lines(f"{name}.log"))
+    rows = truths(f"{name}.truth.jsonl")
+    recs.sort(key=lambda r: r.task)
+    assert len(recs) == len(rows)
+    for r, t in zip(recs, rows):
+        assert (r.reused_tokens, r.prompt_tokens) == (t["cache_n"], t["cache_n"] + t["prompt_n"]), t
+        assert r.conversation_source == "header"
+    return list(zip(rows, recs))
+
+
+def test_a_conversation_evicted_before_it_came_back_misses_with_cause_evicted():
+    """Recorded: three conversations take turns on one slot with a RAM cache that holds two of
+    their entries, so each comes back after its entry was pushed out."""
+    pairs = _by_turn("lv4-np1-cache-thrashing")
+    evicted = [t for t, r in pairs if r.miss_cause == "evicted"]
+    came_back_empty = [t for t, r in pairs if t["turn"] > 0 and t["cache_n"] == 0]
+    assert came_back_empty and evicted == came_back_empty
+    assert {r.miss_cause for t, r in pairs if t["turn"] == 0} == {"no_cache_entry"}  # never saved yet
+
+
+def test_a_full_cache_that_evicts_only_what_is_not_needed_again_is_not_thrashing():
+    """Recorded: one conversation comes back between one-shot conversations; the cache is full
+    and evicts (one-shots), and the conversation hits every time."""
+    recs, pl = replay_records(log_lines("lv4-np1-cache-full-healthy.log"))
+    assert pl.metrics.cache_evictions._value.get() > 0
+    pairs = _by_turn("lv4-np1-cache-full-healthy")
+    returning = [(t, r) for t, r in pairs if t["turn"] > 0]
+    assert returning and all(r.outcome == "hit" and t["cache_n"] > 0 for t, r in returning)
+    assert all(r.miss_cause != "evicted" for _, r in pairs)

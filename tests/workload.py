@@ -308,3 +308,39 @@ def contention_workload(
     if errors:
         raise errors[0]
     return results, extra
+
+
+def rotation_workload(
+    url: str, returning: int, one_shots: int, rounds: int, seed: int, words: int = 1000
+) -> list[Truth]:
+    """Sequential chats with X-Conversation-Id: `returning` conversations take turns, each turn
+    followed by `one_shots` conversations seen once. On one slot every new request saves the
+    slot's state to the RAM cache; with a cache that holds about two prompts, three returning
+    conversations are evicted before they come back (thrashing), while one returning
+    conversation with one-shots between its turns keeps its entry and only one-shots are
+    evicted (a full, healthy cache)."""
+    rng = random.Random(seed)
+    systems = {f"ret-{seed}-{i}": f"conversation {i}. " + text(rng, words) for i in range(returning)}
+    history: dict[str, list[dict]] = {n: [{"role": "system", "content": s}] for n, s in systems.items()}
+    out: list[Truth] = []
+    one_shot_no = 0
+    with httpx.Client(base_url=url) as c:
+
+        def ask(name: str, messages: list[dict], turn: int) -> None:
+            messages.append({"role": "user", "content": text(rng, 15)})
+            body = {"messages": messages, "max_tokens": 4, "temperature": 0, "cache_prompt": True}
+            t0 = time.time()
+            r = c.post("/v1/chat/completions", json=body, headers={"X-Conversation-Id": name}, timeout=600)
+            r.raise_for_status()
+            res = r.json()
+            messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+            out.append(_truth(name, turn, False, res["timings"], t0))
+
+        for turn in range(rounds):
+            for name, messages in history.items():
+                ask(name, messages, turn)
+                for _ in range(one_shots):
+                    one_shot_no += 1
+                    msgs = [{"role": "system", "content": f"one-shot {one_shot_no}. " + text(rng, words)}]
+                    ask(f"once-{seed}-{one_shot_no}", msgs, 0)
+    return out

@@ -30,6 +30,7 @@ JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by th
 LINEAGE_MIN_F_KEEP = 0.9
 MAX_PENDING = 256
 MAX_PREFILL_HISTORY = 32
+MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
 
 
@@ -125,6 +126,10 @@ class Assembler:
         self._task_conv: OrderedDict[tuple[int, int], tuple[str | None, str]] = OrderedDict()
         self._lineage_parent: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
         self._dropped_seen = 0
+        # conversation -> server time its RAM-cache entry was evicted (pushed out to make room),
+        # until its next request: a miss then is thrashing, not a full cache doing its job
+        self._evicted_convs: OrderedDict[str, int] = OrderedDict()
+        self._evicted_unresolved: list[tuple[tuple[int, int], int]] = []
         self._reset_epoch_state()
 
     # ------------------------------------------------------------ epoch
@@ -134,7 +139,6 @@ class Assembler:
         self._entries: list[_Entry] = []
         self._listing: list[_Entry] | None = None
         self._listing_expected = 0
-        self._saves: list[_Entry] = []  # saved, not yet seen in a listing
         self._pending_save: _Entry | None = None
         self._cache_ctx: _Selection | None = None  # selection the srv cache lines belong to
         self._cache_ctx_source: tuple[int, int] | None = None  # content being saved
@@ -174,7 +178,7 @@ class Assembler:
             self._now = max(self._now, now_us)
         if self._listing is not None and not isinstance(ev, p.CacheEntryListed):
             self._close_listing()
-        if self._pending_save is not None and not isinstance(ev, p.PromptSaveSkipped):
+        if self._pending_save is not None and type(ev) not in _PART_OF_SAVE:
             self._commit_save()
         handler = _HANDLERS.get(type(ev))
         if handler is not None:
@@ -247,48 +251,51 @@ class Assembler:
         active = [f"{i}:{s:g}" for i, s in sorted(scales.items()) if s != 0.0]
         return ",".join(active) if active else "none"
 
-    # ------------------------------------------------------------ cache listing
+    # ------------------------------------------------------------ RAM-cache entries
+    # The server keeps its entries in a deque: a save pushes at the back (after removing the
+    # entries it contains and, to make room, the oldest), a restore takes the entry out, the
+    # update after it pops the oldest while over the limit. The candidate lines of a lookup
+    # list the entries in that order, so the mirror below knows which task computed each
+    # entry. Addresses are reused at once and lengths repeat: neither names an entry.
     def _close_listing(self) -> None:
         listing = self._listing
         if listing is None:
             return
         self._listing = None
-        old = {(e.entry_id, e.n_tokens): e for e in self._entries}
-        new_entries: list[_Entry] = []
-        current: set[tuple[str, int]] = set()
-        for e in listing:
-            key = (e.entry_id, e.n_tokens)
-            current.add(key)
-            known = old.get(key)
-            if known is not None:
-                new_entries.append(known)
-                continue
-            # a new entry: match it to a save of the same length (oldest first)
-            source = None
-            for i, s in enumerate(self._saves):
-                if s.n_tokens == e.n_tokens:
-                    source = s.source
-                    del self._saves[i]
-                    break
-            new_entries.append(_Entry(e.entry_id, e.n_tokens, source))
-        removed = [e for k, e in old.items() if k not in current]
-        sel = self._cache_ctx
-        if sel is not None and sel.restored_tokens is not None and not sel.restored_known:
-            for e in removed:
-                if e.n_tokens == sel.restored_tokens:
-                    sel.restored_source = e.source
-                    sel.restored_known = True
-                    break
-        self._entries = new_entries
-        self._saves.clear()
+        if [e.n_tokens for e in listing] != [e.n_tokens for e in self._entries]:
+            # lines missed (joined mid-stream, a failed allocation): start again from the listing
+            self._entries = [_Entry(e.entry_id, e.n_tokens, None) for e in listing]
 
     def _commit_save(self) -> None:
         save = self._pending_save
         self._pending_save = None
         if save is None:
             return
-        self._saves.append(save)
+        self._entries.append(save)
         self.sink.cache_saved()
+
+    def _evict_oldest(self) -> None:
+        if not self._entries:
+            return
+        e = self._entries.pop(0)
+        if e.source is not None:
+            self._evicted_unresolved.append((e.source, self._now))
+            self._resolve_evicted()
+
+    def _resolve_evicted(self) -> None:
+        still = []
+        for source, at in self._evicted_unresolved:
+            conv = self._conversation(*source)
+            if conv is None:
+                if self._now - at < JOIN_MAX_WAIT_US:
+                    still.append((source, at))
+                continue
+            if conv[0] is not None and conv[1] == "header":
+                self._evicted_convs[conv[0]] = at
+                self._evicted_convs.move_to_end(conv[0])
+                if len(self._evicted_convs) > MAX_EVICTED:
+                    self._evicted_convs.popitem(last=False)
+        self._evicted_unresolved = still
 
     # ------------------------------------------------------------ event handlers
     def _on_server_starting(self, ev: p.ServerStarting) -> None:
@@ -384,12 +391,15 @@ class Assembler:
         sel = self._cache_ctx
         if sel is None:
             return
-        winner = None
-        for c in sel.candidates or ():
-            if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim:
-                winner = c
+        # the first candidate with the printed best values (the server needs strictly better)
+        candidates = sel.candidates or []
+        k = next((i for i, c in enumerate(candidates) if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim), None)
+        winner = candidates[k] if k is not None else None
         sel.restored_tokens = winner.n_tokens if winner else -1
         sel.restored_lcp = winner.lcp if winner else None
+        if k is not None and len(candidates) == len(self._entries) and self._entries[k].n_tokens == winner.n_tokens:
+            sel.restored_source = self._entries.pop(k).source
+            sel.restored_known = True
         try:
             sel.restored_f_keep = float(ev.f_keep)
         except ValueError:
@@ -410,7 +420,16 @@ class Assembler:
         self.sink.cache_update_duration(ev.ms / 1000.0)
 
     def _on_cache_evicted(self, ev: p.CacheEvicted) -> None:
+        if not ev.making_room:
+            self._commit_save()  # the update after a save: the new entry is in the deque
+        self._evict_oldest()
         self.sink.cache_evicted(ev.size_mib * 1048576.0)
+
+    def _on_obsolete_removed(self, ev: p.ObsoleteEntryRemoved) -> None:
+        for i, e in enumerate(self._entries):
+            if e.n_tokens == ev.n_tokens:
+                del self._entries[i]
+                return
 
     def _on_lora_cleared(self, ev: p.LoraCacheCleared) -> None:
         s = self._slot(ev.slot)
@@ -726,10 +745,12 @@ class Assembler:
             if rec.prompt_tokens >= st.min_prompt_tokens:  # only long prompts count in the outcome metric
                 rec.outcome = "hit" if ratio >= st.hit_ratio else "miss" if ratio < st.miss_ratio else "partial"
             if ratio < st.miss_ratio and rec.prompt_tokens > 1:
-                rec.miss_cause = self._miss_cause(rec)
+                rec.miss_cause = self._miss_cause(rec, (offered or 0) >= st.miss_ratio * rec.prompt_tokens)
             rec.small_task_takeover = (
                 rec.prompt_tokens < st.small_task_tokens and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
             )
+        if rec.conversation_source == "header":
+            self._consume_eviction(rec)
         # overlap of other slots' prefills with this request's decoding
         if rec._decode_start_us is not None and rec._decode_end_us is not None and rec.decode_seconds:
             rec.overlap_seconds = self._overlap(rec) / 1e6
@@ -737,12 +758,30 @@ class Assembler:
             rec.contention = "prefill" if frac > st.contention_fraction else "none"
         self.sink.request(rec)
 
-    def _miss_cause(self, rec: RequestRecord) -> str:
+    def _consume_eviction(self, rec: RequestRecord) -> None:
+        """A request of a conversation whose RAM-cache entry was evicted before it started:
+        if it found no entry, the cache threw out what was needed again (cause "evicted").
+        Only a conversation id proves the two belong together; without one the miss stays
+        no_cache_entry (evicted or never saved: the log cannot tell)."""
+        if self._evicted_unresolved:
+            self._resolve_evicted()
+        conv = rec.conversation
+        at = self._evicted_convs.get(conv) if conv is not None else None
+        if at is None or at >= rec.start_us:
+            return
+        del self._evicted_convs[conv]
+        if rec.miss_cause == "no_cache_entry":
+            rec.miss_cause = "evicted"
+
+    def _miss_cause(self, rec: RequestRecord, offered: bool) -> str:
+        """offered: the slot or a restored entry held enough of the prompt not to miss. A
+        reprocess forced on a prefix that was a miss anyway (a chat template's first tokens
+        on an SWA model) is not the cause."""
         if rec.restore_result is not None and rec.restore_result.startswith("discarded_lora"):
             return "lora_discard"
         if rec.lora_cache_cleared:
             return "lora_discard"
-        if rec.forced_reprocess:
+        if rec.forced_reprocess and offered:
             return "forced_reprocess"
         if rec.ram_consulted and not rec.ram_restored:
             return "no_cache_entry"
@@ -793,6 +832,9 @@ class Assembler:
         return total
 
 
+# Lines between "saving prompt" and the moment the entry is pushed (alloc's own removals)
+_PART_OF_SAVE = frozenset({p.PromptSaveSkipped, p.ObsoleteEntryRemoved, p.CacheEvicted})
+
 # Events after which a waiting record may be complete: a prefill ended, a task launched or was
 # cancelled (the join), a task ended. Checking only then keeps the hot path short.
 _UNBLOCKING = frozenset(
@@ -829,6 +871,7 @@ _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
     p.CacheEntryListed: Assembler._on_cache_entry,
     p.CacheUpdateTook: Assembler._on_cache_update_took,
     p.CacheEvicted: Assembler._on_cache_evicted,
+    p.ObsoleteEntryRemoved: Assembler._on_obsolete_removed,
     p.LoraCacheCleared: Assembler._on_lora_cleared,
     p.SlotPromptCleared: Assembler._on_slot_prompt_cleared,
     p.TaskLaunched: Assembler._on_task_launched,

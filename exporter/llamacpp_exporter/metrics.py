@@ -77,7 +77,7 @@ class ExporterMetrics:
         )
         self.misses = Counter(
             "llamacpp_prompt_cache_misses",
-            "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
+            "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), evicted (the conversation's RAM-cache entry was evicted before it came back), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
             [*pl, "cause"],
             registry=r,
         )

@@ -137,6 +137,7 @@ class CacheUpdateTook:
 @dataclass(frozen=True, slots=True)
 class CacheEvicted:
     size_mib: float
+    making_room: bool  # evicted by a save to make room for it, before the new entry is pushed
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,7 +486,7 @@ def _srv_event(func: str, msg: str) -> Event:
         elif "removing oldest entry" in msg:
             m = _RE_EVICT.search(msg)
             if m:
-                return CacheEvicted(float(m.group(1)))
+                return CacheEvicted(float(m.group(1)), "making room" in msg)
         elif msg.startswith(" - prompt is already in the cache"):
             return PromptSaveSkipped("already_cached")
         elif msg.startswith(" - prompt state size"):

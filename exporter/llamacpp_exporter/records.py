@@ -14,7 +14,7 @@ RESTORE_RESULTS = (
     "reprocessed",
 )
 OUTCOMES = ("hit", "partial", "miss")
-MISS_CAUSES = ("lora_discard", "forced_reprocess", "no_cache_entry", "slot_prefix_mismatch", "unknown")
+MISS_CAUSES = ("lora_discard", "forced_reprocess", "evicted", "no_cache_entry", "slot_prefix_mismatch", "unknown")
 CONTENTION = ("prefill", "none")
 
 _SELECTION_PATH = {"lcp": "slot", "lru": "ram", "id": "pinned"}
