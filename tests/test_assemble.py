@@ -258,10 +258,10 @@ def _by_turn(name: str) -> list[tuple[dict, RequestRecord]]:
     rows = truths(f"{name}.truth.jsonl")
     recs.sort(key=lambda r: r.task)
     assert len(recs) == len(rows)
-    for r, t in zip(recs, rows):
+    for r, t in zip(recs, rows, strict=True):
         assert (r.reused_tokens, r.prompt_tokens) == (t["cache_n"], t["cache_n"] + t["prompt_n"]), t
         assert r.conversation_source == "header"
-    return list(zip(rows, recs))
+    return list(zip(rows, recs, strict=True))
 
 
 def test_a_conversation_evicted_before_it_came_back_misses_with_cause_evicted():
