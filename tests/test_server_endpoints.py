@@ -192,3 +192,75 @@ def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path
         exp.stop()
     log = exp.stderr_path.read_text()
     assert "ConnectError" in log and "Traceback" not in log
+
+
+def test_exporter_conventions_build_info_process_metrics_and_ready(tmp_path):
+    exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}"], tmp_path).start()
+    try:
+        text = exp.metrics_text()
+        assert 'llamacpp_exporter_build_info{pythonversion="' in text
+        assert "process_resident_memory_bytes" in text and "python_info{" in text
+        r = httpx.get(exp.url + "/-/ready")
+        assert r.status_code == 200, r.text  # a dead llama-server is not the exporter's failure
+    finally:
+        exp.stop()
+
+
+def test_ready_reports_a_stopped_log_follower(tmp_path):
+    from llamacpp_exporter.app import Exporter
+    from llamacpp_exporter.cli import build_parser, config_from_args
+
+    args = build_parser().parse_args(
+        ["--llama.url", f"http://127.0.0.1:{free_port()}", "--web.listen-address", "127.0.0.1:0"]
+    )
+    cfg = config_from_args(args)
+    exp = Exporter(cfg)
+    exp.start()
+    try:
+        url = f"http://127.0.0.1:{exp.port}/-/ready"
+        assert httpx.get(url).status_code == 200
+        exp._source_failed = True  # what _source() sets when the follower raised
+        r = httpx.get(url)
+        assert r.status_code == 503 and "log-source" in r.text
+    finally:
+        exp.shutdown()
+
+
+def test_a_loading_llama_server_is_loading_not_down(tmp_path):
+    """A real llama-server answers 503 on /health until its model is loaded: the exporter,
+    started first and polling fast, sees llamacpp_loading 1 (not a down server), then up."""
+    from realserver import LlamaServer, llama_server_binary, model_files
+
+    binary = llama_server_binary()
+    model, lora = model_files()
+    port = free_port()
+    exp = ExporterProcess(
+        ["--llama.url", f"http://127.0.0.1:{port}", "--llama.poll-interval", "0.05", "--no-llama.slots"], tmp_path / "e"
+    ).start()
+    server = LlamaServer(binary, model, lora, tmp_path / "s", port=port, n_parallel=1, ctx=2048)
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            try:
+                t = exp.metrics_text()
+            except httpx.HTTPError:
+                continue
+            seen.append(("llamacpp_loading 1.0" in t, 'llamacpp_up{endpoint="health"} 1.0' in t))
+            time.sleep(0.02)
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        server.start()
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        w.join()
+        server.stop()
+        exp.stop()
+    loading = [i for i, (ld, _) in enumerate(seen) if ld]
+    up = [i for i, (_, u) in enumerate(seen) if u]
+    assert loading, "never saw the server loading"
+    assert up and up[-1] > loading[-1] and not seen[-1][0]

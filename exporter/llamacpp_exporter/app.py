@@ -10,17 +10,24 @@ from __future__ import annotations
 import html
 import json
 import logging
+import platform
 import queue
 import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
 from prometheus_client.registry import Collector
 
 from . import __version__
@@ -82,11 +89,16 @@ def landing_page(cfg: Config) -> bytes:
 <p>Prometheus exporter for llama.cpp's llama-server: one record per request from its log and /slots.</p>
 <ul><li><a href="{path}">{path}</a>: metrics</li>
 <li><a href="/api/v1/conversations">/api/v1/conversations</a>: conversations by cost to the others (JSON, pseudonyms only)</li>
-<li><a href="/-/healthy">/-/healthy</a>: exporter health</li></ul>
+<li><a href="/-/healthy">/-/healthy</a>: the process answers; <a href="/-/ready">/-/ready</a>: the log follower, pipeline and poller run</li></ul>
 </body></html>""".encode()
 
 
-def make_app(registry: CollectorRegistry, cfg: Config, costs: ConversationCosts | None = None):
+def make_app(
+    registry: CollectorRegistry,
+    cfg: Config,
+    costs: ConversationCosts | None = None,
+    ready: Callable[[], list[str]] | None = None,
+):
     metrics_app = make_wsgi_app(registry)
     page = landing_page(cfg)
     telemetry = cfg.web.telemetry_path
@@ -105,6 +117,13 @@ def make_app(registry: CollectorRegistry, cfg: Config, costs: ConversationCosts 
             start_response("200 OK", [("Content-Type", "application/json")])
             return [body]
         if path in ("/-/healthy", "/healthz"):
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"OK\n"]
+        if path == "/-/ready":
+            dead = ready() if ready is not None else []
+            if dead:
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [f"not ready: {', '.join(dead)} stopped\n".encode()]
             start_response("200 OK", [("Content-Type", "text/plain")])
             return [b"OK\n"]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
@@ -154,6 +173,15 @@ class Exporter:
             on_adapters=lambda a: self._put(a),
         )
         self.registry.register(_ServerFamilies(self.poller))
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        Gauge(
+            "llamacpp_exporter_build_info",
+            "A metric with a constant '1' value labelled by the exporter's version and Python version.",
+            ["version", "pythonversion"],
+            registry=self.registry,
+        ).labels(__version__, platform.python_version()).set(1)
+        self._source_failed = False
         self.stats = SourceStats(self.metrics)
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None
@@ -185,6 +213,7 @@ class Exporter:
         except Exception:
             log.exception("log source failed")
             self.stats.read_error()
+            self._source_failed = True
 
     def _process(self) -> None:
         pl = self.pipeline
@@ -208,7 +237,7 @@ class Exporter:
         self.httpd = make_server(
             host,
             port,
-            make_app(self.registry, self.cfg, self.costs),
+            make_app(self.registry, self.cfg, self.costs, self.not_running),
             server_class=server_class,
             handler_class=_QuietHandler,
         )
@@ -233,6 +262,14 @@ class Exporter:
         )
         if not self.cfg.log.path and not self.cfg.log.command:
             log.warning("no log source (--log.path or --log.command): only llama-server's endpoints are exported")
+
+    def not_running(self) -> list[str]:
+        """Threads that should run and do not (for /-/ready). A log source that ended because
+        its input ended (standard input closed) is not a failure."""
+        dead = [t.name for t in self.threads if t.name in ("pipeline", "poller") and not t.is_alive()]
+        if self._source_failed:
+            dead.append("log-source")
+        return dead
 
     def shutdown(self) -> None:
         self.stop.set()

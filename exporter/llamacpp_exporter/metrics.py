@@ -233,6 +233,24 @@ class ExporterMetrics:
         self.events_errors = Counter(
             "llamacpp_exporter_events_write_errors", "Failed writes to the events file.", registry=r
         )
+        self.loading = Gauge(
+            "llamacpp_loading",
+            "1 while llama-server's /health answers 503 (it is loading the model): not down, not ready.",
+            registry=r,
+        )
+        self.slots_processing = Gauge(
+            "llamacpp_slots_processing",
+            "Slots processing a task at the last /slots poll (NaN when /slots is not polled or did not answer).",
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "llamacpp_slots_context_usage_ratio",
+            "Tokens the slots hold (prompt + generated of each slot's last task, as /slots shows them) over their "
+            "context size, at the last /slots poll (NaN when /slots is not polled or did not answer).",
+            registry=r,
+        )
+        self.slots_processing.set(float("nan"))
+        self.kv_usage.set(float("nan"))
         self.diag_available.set(-1)
         self.verbosity.set(-1)
         self._init_series()

@@ -98,6 +98,7 @@ class SlotState:
     n_prompt_tokens_cache: int | None
     n_decoded: int | None
     lora: tuple[tuple[int, float], ...] | None  # request's [{id, scale}], None if absent
+    n_ctx: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -69,9 +69,21 @@ def parse_slots(obj: Any) -> SlotsSnapshot:
                 n_prompt_tokens_cache=_int(el.get("n_prompt_tokens_cache")),
                 n_decoded=n_decoded,
                 lora=lora,
+                n_ctx=_int(el.get("n_ctx")),
             )
         )
     return SlotsSnapshot(tuple(slots))
+
+
+def context_usage(snap: SlotsSnapshot) -> float:
+    """Tokens held over context size, summed over the slots; NaN if /slots does not say."""
+    held = total = 0
+    for s in snap.slots:
+        if s.n_ctx is None or s.n_ctx <= 0:
+            return float("nan")
+        total += s.n_ctx
+        held += min((s.n_prompt_tokens or 0) + (s.n_decoded or 0), s.n_ctx)
+    return held / total if total else float("nan")
 
 
 def parse_lora_adapters(obj: Any) -> LoraAdapters:
@@ -165,6 +177,9 @@ class ServerPoller:
             r, ok, err = None, False, type(e).__name__
         self.metrics.scrape_duration.labels(endpoint).set(time.monotonic() - t0)
         self.metrics.up.labels(endpoint).set(1 if ok else 0)
+        if endpoint == "health":
+            # llama-server answers 503 on every path until the model is loaded
+            self.metrics.loading.set(1 if r is not None and r.status_code == 503 else 0)
         if not ok:
             self.metrics.scrape_errors.labels(endpoint).inc()
             if self._logged_down.get(endpoint) != err:
@@ -174,6 +189,8 @@ class ServerPoller:
                     hint = " (llama-server wants an API key: set --llama.api-key-file or LLAMA_API_KEY)"
                 elif r is not None and r.status_code == 501 and endpoint == "metrics":
                     hint = " (start llama-server with --metrics)"
+                elif r is not None and r.status_code == 503:
+                    hint = " (loading the model)"
                 elif r is not None and r.status_code == 501 and endpoint == "slots":
                     hint = " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
                 log.warning("llama-server %s: %s%s", path, err, hint)
@@ -185,18 +202,22 @@ class ServerPoller:
 
     def poll_slots_once(self) -> SlotsSnapshot | None:
         r = self._get("slots", "/slots")
-        if r is None:
+        snap = None
+        if r is not None:
+            try:
+                snap = parse_slots(r.json())
+            except ValueError as e:
+                self.metrics.scrape_errors.labels("slots").inc()
+                log.warning("unexpected /slots answer: %s", e)
+        if snap is None:
             # an empty snapshot still tells the assembler a poll happened, so records that
             # wait for their task's LoRA are emitted (as unknown) instead of held back
             self.on_snapshot(SlotsSnapshot(()))
+            self.metrics.slots_processing.set(float("nan"))
+            self.metrics.kv_usage.set(float("nan"))
             return None
-        try:
-            snap = parse_slots(r.json())
-        except ValueError as e:
-            self.metrics.scrape_errors.labels("slots").inc()
-            log.warning("unexpected /slots answer: %s", e)
-            self.on_snapshot(SlotsSnapshot(()))
-            return None
+        self.metrics.slots_processing.set(sum(1 for s in snap.slots if s.is_processing))
+        self.metrics.kv_usage.set(context_usage(snap))
         self.on_snapshot(snap)
         return snap
 
