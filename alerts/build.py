@@ -139,7 +139,8 @@ sum by ({BY}, lora) (increase(llamacpp_prompt_cache_restores_total{{{s}, result=
             "llama-server threw away a restored cache entry computed under the request's own LoRA.",
             f"{{{{ $labels.instance }}}} restored a RAM prompt-cache entry and cleared it for a LoRA change "
             f'although the entry was computed under the same LoRA configuration, {{{{ $value | printf "%.0f" }}}} time(s) in '
-            f"{wd['window']}: the prompt was re-prefilled for nothing (the seed's bug).",
+            f"{wd['window']}: the prompt was re-prefilled for nothing (the LoRA restore bug: the server compared the "
+            f"request's LoRA with the previous request's on that slot, not with the restored entry's).",
             c,
         ),
         alert(
@@ -157,17 +158,18 @@ sum by ({BY}, lora) (increase(llamacpp_prompt_cache_lora_mismatch_reuse_total{{{
         alert(
             "LlamaCppPromptCacheThrashing",
             f"""
-sum by ({BY}) (increase(llamacpp_prompt_cache_evictions_total{{{s}}}[{th["window"]}])) >= {th["min_evictions"]}
+sum by ({BY}) (increase(llamacpp_prompt_cache_misses_total{{{s}, cause="evicted"}}[{th["window"]}]))
+  / sum by ({BY}) (increase(llamacpp_prompt_cache_outcomes_total{{{s}}}[{th["window"]}])) > {th["share"]}
 and
-sum by ({BY}) (rate(llamacpp_prompt_cache_evictions_total{{{s}}}[{th["window"]}]))
-  / sum by ({BY}) (rate(llamacpp_prompt_cache_saves_total{{{s}}}[{th["window"]}])) > {th["eviction_share"]}
+sum by ({BY}) (increase(llamacpp_prompt_cache_misses_total{{{s}, cause="evicted"}}[{th["window"]}])) >= {th["min_misses"]}
 """,
             th["for"],
             "warning",
-            "The RAM prompt cache evicts most of what it saves.",
-            f"{{{{ $labels.instance }}}} evicted at least {th['min_evictions']} prompt-cache entries in "
-            f"{th['window']}, more than {th['eviction_share']} per save: conversations fall out of the cache "
-            f"before they come back. --cache-ram is too small for the working set.",
+            "Conversations come back after the RAM prompt cache evicted them.",
+            f"{{{{ $value | humanizePercentage }}}} of the long prompts on {{{{ $labels.instance }}}} over {th['window']} "
+            f"(at least {th['min_misses']}) were prefilled from scratch because their conversation's RAM-cache entry "
+            f"had been evicted to make room: --cache-ram is too small for the conversations in use. A full cache "
+            f"that evicts only entries nobody needs again does not fire this.",
             c,
         ),
     ]
@@ -191,23 +193,50 @@ job_instance_contention:llamacpp_time_per_output_token_seconds_count:increase{pc
             c,
         ),
     ]
+    sd, sl, ed, ea = c["server_down"], c["server_loading"], c["exporter_down"], c["exporter_absent"]
     availability = [
         alert(
             "LlamaCppServerDown",
-            f'llamacpp_up{{{s}, endpoint="health"}} == 0',
-            c["server_down"]["for"],
-            "critical",
+            f"""
+llamacpp_up{{{s}, endpoint="health"}} == 0
+unless on ({BY})
+llamacpp_loading{{{s}}} == 1
+""",
+            sd["for"],
+            sd["severity"],
             "llama-server does not answer.",
-            "The exporter on {{ $labels.instance }} cannot reach llama-server's /health.",
+            "The exporter on {{ $labels.instance }} cannot reach llama-server's /health (refused, timed out or an "
+            "error other than 503 loading): nothing is being served.",
+            c,
+        ),
+        alert(
+            "LlamaCppServerLoadingTooLong",
+            f"llamacpp_loading{{{s}}} == 1",
+            sl["for"],
+            sl["severity"],
+            "llama-server has been loading its model for a long time.",
+            f"llama-server behind {{{{ $labels.instance }}}} has answered 503 (loading the model) for more than "
+            f"{sl['for']}: it serves nothing and may be stuck (slow storage, out of memory).",
             c,
         ),
         alert(
             "LlamaCppExporterDown",
             f"up{{{s}}} == 0",
-            c["exporter_down"]["for"],
-            "critical",
+            ed["for"],
+            ed["severity"],
             "Prometheus cannot scrape llamacpp-exporter.",
-            "The llamacpp-exporter target {{ $labels.instance }} is down: no llama-server metrics are collected.",
+            "The llamacpp-exporter target {{ $labels.instance }} is down: llama-server may be serving normally, "
+            "but nothing about it is observed (LlamaCppServerDown cannot fire for it).",
+            c,
+        ),
+        alert(
+            "LlamaCppExporterAbsent",
+            f"absent(up{{{s}}})",
+            ea["for"],
+            ea["severity"],
+            "No llamacpp-exporter target is known to Prometheus.",
+            f"Prometheus has no target for {s} at all: the exporters have disappeared from service discovery (or the "
+            "job was renamed), so every other llama.cpp alert is silent.",
             c,
         ),
     ]
@@ -217,13 +246,18 @@ job_instance_contention:llamacpp_time_per_output_token_seconds_count:increase{pc
             f"""
 (time() - llamacpp_exporter_last_log_line_timestamp_seconds{{{s}}}) > {ls["seconds"]}
 and on ({BY})
-increase(llamacpp_server_tokens_predicted_total{{{s}}}[{ls["window"]}]) > 0
+(
+  sum by ({BY}) (increase(llamacpp_server_tokens_predicted_total{{{s}}}[{ls["window"]}])) > 0
+  or
+  max by ({BY}) (max_over_time(llamacpp_slots_processing{{{s}}}[{ls["window"]}])) > 0
+)
 """,
             ls["for"],
             "warning",
             "The exporter reads no log line while llama-server serves requests.",
             "llamacpp-exporter on {{ $labels.instance }} has read no log line for {{ $value | humanizeDuration }} "
-            "while llama-server generated tokens: per-request metrics are missing.",
+            "while llama-server was working (tokens generated per its --metrics, or busy slots in /slots): "
+            "per-request metrics are missing. Needs --metrics or /slots polling to know the server was busy.",
             c,
         ),
         alert(
@@ -249,6 +283,44 @@ sum by ({BY}) (increase(llamacpp_exporter_log_lines_total{{{s}, result="unrecogn
             "llama-server does not log at -lv 4: RAM prompt-cache diagnostics are off.",
             "llama-server behind {{ $labels.instance }} logs below -lv 4, so restores, LoRA discards and reused "
             "tokens cannot be seen. Start it with -lv 4.",
+            c,
+        ),
+    ]
+    ew = c["events_write_errors"]
+    exporter += [
+        alert(
+            "LlamaCppServerLogsPrompts",
+            f"llamacpp_exporter_server_debug_logging{{{s}}} == 1",
+            c["prompts_logged"]["for"],
+            "warning",
+            "llama-server writes prompt text to its log (-lv 5 or -v).",
+            "llama-server behind {{ $labels.instance }} logs DEBUG lines, which contain prompts and completions. "
+            "The exporter drops them, but the log file itself now holds user text. Restart it with -lv 4.",
+            c,
+        ),
+        alert(
+            "LlamaCppSlotsUnreachable",
+            f"""
+llamacpp_up{{{s}, endpoint="slots"}} == 0
+and on ({BY})
+llamacpp_up{{{s}, endpoint="health"}} == 1
+""",
+            c["slots_unreachable"]["for"],
+            "warning",
+            "The exporter cannot read llama-server's /slots: every request's LoRA is unknown.",
+            "llama-server behind {{ $labels.instance }} answers /health but not /slots (--no-slots, an API key, or a "
+            "timeout): LoRA states are reported as unknown and the LoRA discard diagnosis stops.",
+            c,
+        ),
+        alert(
+            "LlamaCppEventsWriteErrors",
+            f"increase(llamacpp_exporter_events_write_errors_total{{{s}}}[{ew['window']}]) > 0",
+            ew["for"],
+            "warning",
+            "The exporter cannot write its events file.",
+            "llamacpp-exporter on {{ $labels.instance }} failed to write "
+            '{{ $value | printf "%.0f" }} request records to its events file in '
+            f"{ew['window']} (permissions, full disk): the per-request history is incomplete.",
             c,
         ),
     ]

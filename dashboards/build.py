@@ -357,7 +357,7 @@ def overview() -> dict[str, Any]:
         stat(
             "Wrongful LoRA discards",
             "Restored RAM-cache entries that llama-server discarded for a LoRA change although they were computed "
-            "under the request's own LoRA (the seed's bug), over the last 15 minutes.",
+            "under the request's own LoRA (the LoRA restore bug: the server compares with the previous request's LoRA on that slot), over the last 15 minutes.",
             "none",
             f'sum(increase(llamacpp_prompt_cache_restores_total{{{S}, result="discarded_lora_wrongful"}}[15m]))',
             red_above=0.5,
@@ -691,7 +691,7 @@ def contention() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Generation speed while another slot prefills",
-            "The seed's table, live: tokens per second of requests that decoded while another slot prefilled, "
+            "Tokens per second of requests that decoded while another slot prefilled, "
             "against the others (1 / mean time per output token).",
             "suffix: tok/s",
             [

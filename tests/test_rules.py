@@ -66,6 +66,11 @@ REQUIRED = {
     "LlamaCppLogStale",
     "LlamaCppLogParseDrift",
     "LlamaCppCacheDiagnosticsUnavailable",
+    "LlamaCppServerLoadingTooLong",
+    "LlamaCppExporterAbsent",
+    "LlamaCppServerLogsPrompts",
+    "LlamaCppSlotsUnreachable",
+    "LlamaCppEventsWriteErrors",
 }
 
 
@@ -111,3 +116,27 @@ def test_rules_only_use_exported_metrics():
             for r in g["rules"]:
                 for m in METRIC_RE.findall(r["expr"]):
                     assert m in exported or any(m in rec for rec in recorded), f"{m} in {r.get('alert') or r['record']}"
+
+
+def test_runbook_has_meaning_impact_diagnosis_and_mitigation_for_every_alert():
+    sections = (ALERTS / "runbook.md").read_text().split("\n## ")[1:]
+    by_name = {sec.split("\n", 1)[0].strip(): sec for sec in sections}
+    for a in alerts():
+        sec = by_name[a["alert"]]
+        for part in ("**Means.**", "**Impact.**", "**Confirm.**", "**Act.**"):
+            assert part in sec, f"{a['alert']}: no {part}"
+
+
+def test_user_facing_text_describes_the_case_not_our_name_for_it():
+    """'The seed' is the team's name for the case report; users read a description of the case."""
+    files = [
+        ROOT / "README.md",
+        ALERTS / "runbook.md",
+        *ALERTS.glob("*.yaml"),
+        *(ROOT / "dashboards").glob("*.json"),
+        ROOT / "exporter" / "llamacpp_exporter" / "top.py",
+        ROOT / "exporter" / "llamacpp_exporter" / "cli.py",
+        ROOT / "exporter" / "llamacpp_exporter" / "metrics.py",
+    ]
+    for f in files:
+        assert not re.search(r"\bseed'?s?\b", f.read_text(), re.IGNORECASE), f

@@ -151,7 +151,7 @@ class ConversationCosts:
         return rows
 
     def contention(self) -> dict[str, Any]:
-        """The seed's table: time per output token while another slot prefills vs while none does."""
+        """Time per output token while another slot prefills vs while none does."""
         now = self.clock()
         oldest = int((now - self.window) // BUCKET_SECONDS)
         out = {}

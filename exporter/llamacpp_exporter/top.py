@@ -1,7 +1,7 @@
 """`llamacpp-exporter top`: who is slowing everyone down right now.
 
 Reads a running exporter's /api/v1/conversations and prints the conversations by the decode
-time their prefills cost the other slots, with the seed's table on top: time per output
+time their prefills cost the other slots, with the slowdown on top: time per output
 token while another slot prefills vs while none does. Pseudonyms only, never text.
 """
 
