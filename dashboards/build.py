@@ -193,6 +193,34 @@ def stat(
     }
 
 
+def heatmap(title: str, description: str, unit: str, metric: str) -> dict[str, Any]:
+    """A histogram's buckets over time (as vLLM's and SGLang's dashboards show latency)."""
+    t = target(f"sum by (le) (increase({metric}_bucket{{{S}}}[{RI}]))", "{{le}}", "A")
+    t["format"] = "heatmap"
+    return {
+        "type": "heatmap",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {
+            "defaults": {"unit": unit, "custom": {"scaleDistribution": {"type": "linear"}}},
+            "overrides": [],
+        },
+        "options": {
+            "calculate": False,
+            "cellGap": 1,
+            "color": {"mode": "scheme", "scheme": "Oranges", "scale": "exponential", "exponent": 0.5, "steps": 64},
+            "yAxis": {"axisPlacement": "left", "unit": unit},
+            "rowsFrame": {"layout": "auto"},
+            "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": False},
+            "legend": {"show": True},
+            "filterValues": {"le": 1e-9},
+            "exemplars": {"color": "rgba(255,0,255,0.7)"},
+        },
+        "targets": [t],
+    }
+
+
 def bargauge(title: str, description: str, unit: str, expr: str, legend: str) -> dict[str, Any]:
     return {
         "type": "bargauge",
@@ -278,11 +306,11 @@ def dashboard(
     }
 
 
-def ram_miss_ratio(by: str) -> str:
+def ram_miss_ratio(by: str, window: str = RI) -> str:
     outcomes = "llamacpp_prompt_cache_outcomes_total"
     return (
-        f'sum by ({by}) (rate({outcomes}{{{S}, path="ram", outcome="miss"}}[{RI}]))\n'
-        f'/\nsum by ({by}) (rate({outcomes}{{{S}, path="ram"}}[{RI}]))'
+        f'sum by ({by}) (increase({outcomes}{{{S}, path="ram", outcome="miss"}}[{window}]))\n'
+        f'/\nsum by ({by}) (increase({outcomes}{{{S}, path="ram"}}[{window}]))'
     )
 
 
@@ -319,12 +347,16 @@ def overview() -> dict[str, Any]:
     ]
     lay = Layout()
     lay.row("At a glance")
+    # Stats use the alerts' 15 minutes: at llama.cpp's request rates a $__rate_interval window is
+    # often empty.
     lay.add(
         stat(
             "Servers down",
-            "llama-servers whose /health the exporter cannot reach (llamacpp_up{endpoint=health} == 0).",
+            "llama-servers whose /health the exporter cannot reach (not counting a server loading its model), "
+            "plus exporters Prometheus cannot scrape (up == 0): a dead exporter never shows all green.",
             "none",
-            f'count(llamacpp_up{{{S}, endpoint="health"}} == 0) or vector(0)',
+            f'(count(llamacpp_up{{{S}, endpoint="health"}} == 0 unless on (job, instance) llamacpp_loading{{{S}}} == 1) '
+            f"or vector(0))\n+\n(count(up{{{S}}} == 0) or vector(0))",
             red_above=1,
             mappings=up_map,
         ),
@@ -333,21 +365,21 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         stat(
-            "Requests",
-            "Completed requests per second, all selected servers.",
-            "reqps",
-            f"sum(rate(llamacpp_requests_total{{{S}}}[{RI}]))",
+            "Requests, last 15 min",
+            "Completed requests in the last 15 minutes, all selected servers.",
+            "short",
+            f"sum(increase(llamacpp_requests_total{{{S}}}[15m]))",
         ),
         4,
         4,
     )
     lay.add(
         stat(
-            "RAM-path miss ratio",
+            "RAM-path miss ratio, 15 min",
             "Share of long prompts (>= cache.min_prompt_tokens) coming back through the RAM prompt cache that "
-            "reused less than 10% of their prompt. Needs -lv 4.",
+            "reused less than 10% of their prompt, over the alert's 15 minutes. Needs -lv 4.",
             "percentunit",
-            ram_miss_ratio("job"),
+            ram_miss_ratio("job", "15m"),
             red_above=miss_t,
         ),
         4,
@@ -355,9 +387,10 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         stat(
-            "Wrongful LoRA discards",
+            "Wrongful LoRA discards, 15 min",
             "Restored RAM-cache entries that llama-server discarded for a LoRA change although they were computed "
-            "under the request's own LoRA (the LoRA restore bug: the server compares with the previous request's LoRA on that slot), over the last 15 minutes.",
+            "under the request's own LoRA (the LoRA restore bug: the server compares with the previous request's "
+            "LoRA on that slot), over the last 15 minutes.",
             "none",
             f'sum(increase(llamacpp_prompt_cache_restores_total{{{S}, result="discarded_lora_wrongful"}}[15m]))',
             red_above=0.5,
@@ -378,14 +411,83 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         stat(
-            "Unrecognized log lines",
-            "Log lines per second the exporter did not recognise. Rising: a new llama.cpp build changed its log.",
+            "Unrecognized log lines, 15 min",
+            "Log lines the exporter did not recognise in the last 15 minutes. Rising: a new llama.cpp build changed "
+            "its log.",
             "short",
-            f'sum(rate(llamacpp_exporter_log_lines_total{{{S}, result="unrecognized"}}[{RI}]))',
-            red_above=0.01,
+            f'sum(increase(llamacpp_exporter_log_lines_total{{{S}, result="unrecognized"}}[15m]))',
+            red_above=10,
         ),
         4,
         4,
+    )
+    lay.row("Serving: traffic, saturation, errors")
+    lay.add(
+        timeseries(
+            "Tokens per second",
+            "Prompt tokens processed and tokens generated per second, from llama-server's own counters "
+            "(needs --metrics).",
+            "suffix: tok/s",
+            [
+                (f"sum(rate(llamacpp_server_prompt_tokens_total{{{S}}}[{RI}]))", "prompt"),
+                (f"sum(rate(llamacpp_server_tokens_predicted_total{{{S}}}[{RI}]))", "generated"),
+            ],
+        ),
+        6,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Requests processing and deferred",
+            "Requests llama-server is processing and requests waiting for a free slot (deferred), from its "
+            "own gauges (needs --metrics). Deferred above zero: every slot is busy.",
+            "short",
+            [
+                (f"sum(llamacpp_server_requests_processing{{{S}}})", "processing"),
+                (f"sum(llamacpp_server_requests_deferred{{{S}}})", "deferred"),
+            ],
+            overrides=[color("deferred", "orange")],
+        ),
+        6,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Busy slots and context used",
+            "Slots processing a task, and the share of the slots' context their tokens fill, as the exporter's "
+            "/slots poll sees them.",
+            "short",
+            [
+                (f"sum by (instance) (llamacpp_slots_processing{{{S}}})", "{{instance}} busy slots"),
+                (f"avg by (instance) (llamacpp_slots_context_usage_ratio{{{S}}})", "{{instance}} context used"),
+            ],
+            overrides=[
+                {
+                    "matcher": {"id": "byRegexp", "options": ".*context used"},
+                    "properties": [
+                        {"id": "unit", "value": "percentunit"},
+                        {"id": "max", "value": 1},
+                        {"id": "custom.axisPlacement", "value": "right"},
+                    ],
+                }
+            ],
+        ),
+        6,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Requests completed and cancelled",
+            "Requests per second that completed, and those cancelled or failed (the client gave up, an error).",
+            "reqps",
+            [
+                (f"sum(rate(llamacpp_requests_total{{{S}}}[{RI}]))", "completed"),
+                (f"sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}]))", "cancelled"),
+            ],
+            overrides=[color("cancelled", "red")],
+        ),
+        6,
+        8,
     )
     lay.row("Requests and the RAM prompt cache")
     lay.add(
@@ -415,9 +517,9 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "RAM-cache restores by result",
-            "What became of restored RAM-cache entries: kept, reprocessed, or discarded for a LoRA change "
-            "(wrongful: computed under the request's own LoRA; correct: under another).",
-            "ops",
+            "Requests per second whose restored RAM-cache entry was kept, reprocessed, or discarded for a LoRA "
+            "change (wrongful: computed under the request's own LoRA; correct: under another).",
+            "reqps",
             [
                 (
                     f"sum by (result) (rate(llamacpp_prompt_cache_restores_total{{{S}}}[{RI}]))",
@@ -453,6 +555,27 @@ def overview() -> dict[str, Any]:
             "s",
             quantiles("llamacpp_time_per_output_token_seconds", "contention", "{{contention}}"),
             exemplar=True,
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        heatmap(
+            "Prefill duration heatmap",
+            "Requests per prefill-duration bucket over time: a band moving up is prompts missing the cache.",
+            "s",
+            "llamacpp_prefill_duration_seconds",
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        heatmap(
+            "Time per output token heatmap",
+            "Requests per time-per-output-token bucket over time: a second band above the usual one is requests "
+            "slowed by other slots' prefills.",
+            "s",
+            "llamacpp_time_per_output_token_seconds",
         ),
         12,
         8,
@@ -569,7 +692,7 @@ def prompt_cache() -> dict[str, Any]:
         timeseries(
             "Restores by result and LoRA",
             "RAM-cache restores per second by what became of them and the request's LoRA state.",
-            "ops",
+            "reqps",
             [
                 (
                     f"sum by (lora, result) (rate(llamacpp_prompt_cache_restores_total{{{S}}}[{RI}]))",
@@ -818,9 +941,10 @@ def contention() -> dict[str, Any]:
     )
     lay.add(
         timeseries(
-            "Prefill seconds per second",
-            "Seconds of prefill completed per second of wall time, by path: above 1, prefills kept more than one slot busy.",
-            "percentunit",
+            "Slots busy prefilling",
+            "Average number of slots prefilling (seconds of prefill completed per second of wall time), by path: "
+            "above 1, prefills kept more than one slot busy.",
+            "short",
             [
                 (
                     f"sum by (path) (rate(llamacpp_prefill_duration_seconds_sum{{{S}}}[{RI}]))",

@@ -13,7 +13,7 @@ import yaml
 from promql import DASHBOARDS, ROOT, Prometheus, dashboard_expressions, metric_names
 from test_rules import exported_metric_names
 
-PANEL_TYPES = {"row", "timeseries", "stat", "bargauge"}
+PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "heatmap"}
 
 
 def load(f):
@@ -66,6 +66,37 @@ def test_dashboard_shape(path):
                 for part in t["expr"].split(fn)[1:]:
                     window = part.split("[", 1)[1].split("]", 1)[0]
                     assert window in ("$__rate_interval", "15m"), (p["title"], window)
+
+
+def test_stats_use_a_window_that_has_data_at_llamacpp_request_rates():
+    """A stat shows one number: over $__rate_interval (a few scrapes) it is mostly empty or
+    zero at a few requests a minute. Stats use the alerts' 15 minutes."""
+    for path in DASHBOARDS:
+        for p in load(path)["panels"]:
+            if p["type"] == "stat":
+                for t in p["targets"]:
+                    assert "$__rate_interval" not in t["expr"], (path.name, p["title"])
+
+
+def test_overview_leads_with_golden_signals_and_counts_dead_exporters():
+    d = load(ROOT / "dashboards" / "llamacpp-overview.json")
+    panels = [p for p in d["panels"] if p["type"] != "row"]
+    down = next(p for p in panels if p["title"] == "Servers down")
+    assert "up{" in down["targets"][0]["expr"] and "== 0" in down["targets"][0]["expr"]
+    exprs = " ".join(t["expr"] for p in panels[:12] for t in p["targets"])
+    for m in (
+        "llamacpp_server_tokens_predicted_total",
+        "llamacpp_server_requests_processing",
+        "llamacpp_server_requests_deferred",
+        "llamacpp_slots_processing",
+        "llamacpp_slots_context_usage_ratio",
+    ):
+        assert m in exprs, m
+    heatmaps = {m for p in panels if p["type"] == "heatmap" for m in metric_names(p["targets"][0]["expr"])}
+    assert heatmaps == {"llamacpp_prefill_duration_seconds_bucket", "llamacpp_time_per_output_token_seconds_bucket"}
+    for p in panels:
+        if any("slots_processing" in t["expr"] for t in p["targets"]):
+            assert p["fieldConfig"]["defaults"]["unit"] != "percentunit", p["title"]
 
 
 def _selectors(expr: str) -> list[str]:
