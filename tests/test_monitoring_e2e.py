@@ -19,7 +19,7 @@ import pytest
 import yaml
 from promql import RULE_FILES, Prometheus, dashboard_expressions, free_port, metric_names, rule_expressions
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files, terminate, wait_healthy
-from workload import chat_workload, seed_scenario
+from workload import chat_workload, rotation_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
 
@@ -27,13 +27,17 @@ pytestmark = pytest.mark.real_server
 # return data.
 EXPECTED_EMPTY = {
     "rule LlamaCppRamCacheMissRateHigh": "needs 20 long RAM-path prompts in 15 minutes; the run sends a few",
-    "rule LlamaCppPromptCacheThrashing": "the RAM cache (512 MiB) evicts nothing in this run",
     "rule LlamaCppPrefillContention": "needs 10 contended requests and a 2x slowdown in 10 minutes",
     "rule LlamaCppServerDown": "both servers are up",
     "rule LlamaCppExporterDown": "both exporters are up",
     "rule LlamaCppLogStale": "the exporters read the log",
     "rule LlamaCppLogParseDrift": "every line of this build is recognised",
-    "rule LlamaCppCacheDiagnosticsUnavailable": "both servers run at -lv 4",
+    "rule LlamaCppCacheDiagnosticsUnavailable": "every server runs at -lv 4",
+    "rule LlamaCppServerLoadingTooLong": "no server is loading",
+    "rule LlamaCppExporterAbsent": "the exporters are scraped",
+    "rule LlamaCppServerLogsPrompts": "every server runs at -lv 4",
+    "rule LlamaCppSlotsUnreachable": "/slots answers on every server",
+    "rule LlamaCppEventsWriteErrors": "the exporters write no events file here",
 }
 EXPECTED_EMPTY["dashboard llamacpp-contention / annotation Prefills above 4096 tokens"] = (
     "no prefill of more than 4096 tokens in this run (the long-prefill test is test_conversations_real.py)"
@@ -112,11 +116,16 @@ def stack(tmp_path_factory):
     am, am_port = start_alertmanager(work / "alertmanager", receiver.url)
     one = LlamaServer(binary, model, lora, work / "one", n_parallel=1, ctx=4096, cache_ram=256).start()
     two = LlamaServer(binary, model, lora, work / "two", n_parallel=2).start()
+    # one slot each: three conversations taking turns in a cache that holds two of them
+    # (thrashing), and one conversation between one-shots in a cache that is full but keeps it
+    thrash = LlamaServer(binary, model, lora, work / "thrash", n_parallel=1, ctx=4096, cache_ram=90).start()
+    fits = LlamaServer(binary, model, lora, work / "fits", n_parallel=1, ctx=4096, cache_ram=160).start()
+    servers = (one, two, thrash, fits)
     exporters = [
         ExporterProcess(
             ["--llama.url", s.url, "--log.path", str(s.log_path), "--llama.poll-interval", "0.5"], s.workdir
         ).start()
-        for s in (one, two)
+        for s in servers
     ]
     prom = Prometheus(
         work / "prometheus",
@@ -131,17 +140,28 @@ def stack(tmp_path_factory):
     )
     try:
         prom.wait_scraped(len(exporters))  # the zeroed counters are recorded before any request
+        truths: dict[str, list] = {}
+        rotations = [
+            threading.Thread(
+                target=lambda: truths.setdefault("thrash", rotation_workload(thrash.url, 3, 0, 5, seed=3))
+            ),
+            threading.Thread(target=lambda: truths.setdefault("fits", rotation_workload(fits.url, 1, 1, 5, seed=4))),
+        ]
+        for t in rotations:
+            t.start()
         seed_scenario(one.url, seed=7)
         seed_scenario(one.url, seed=8)
         chat_workload(two.url, turns=3, seed=19)
+        for t in rotations:
+            t.join()
         time.sleep(3)
-        yield {"prom": prom, "receiver": receiver, "exporters": exporters}
+        yield {"prom": prom, "receiver": receiver, "exporters": exporters, "truths": truths}
     finally:
         prom.stop()
         for e in exporters:
             e.stop()
-        one.stop()
-        two.stop()
+        for srv in servers:
+            srv.stop()
         terminate(am)
         receiver.srv.shutdown()
 
@@ -207,3 +227,27 @@ def test_exemplars_reach_prometheus(stack):
     assert r["status"] == "success"
     labels = [ex["labels"] for series in r["data"] for ex in series["exemplars"]]
     assert labels and all({"slot", "task"} <= set(lab) for lab in labels)
+
+
+def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_cache(stack):
+    """The thrashing rule's condition holds for the server whose conversations came back after
+    eviction (the responses say: cache_n 0 on every return) and not for the server whose cache
+    is full and evicts, but whose returning conversation always hits."""
+    prom: Prometheus = stack["prom"]
+    thrash, fits = (f"127.0.0.1:{e.port}" for e in stack["exporters"][2:4])
+    truths = stack["truths"]
+    returns_missed = [t for t in truths["thrash"] if t.turn > 0 and t.cache_n == 0]
+    assert len(returns_missed) >= 10, truths["thrash"]
+    assert all(t.cache_n > 0 for t in truths["fits"] if t.turn > 0), truths["fits"]
+
+    def value(q: str, instance: str) -> float:
+        res = prom.query(q)["data"]["result"]
+        return sum(float(r["value"][1]) for r in res if r["metric"].get("instance") == instance)
+
+    evicted = 'sum by (instance) (increase(llamacpp_prompt_cache_misses_total{cause="evicted"}[15m]))'
+    assert round(value(evicted, thrash)) == len(returns_missed)
+    assert value(evicted, fits) == 0
+    assert value("sum by (instance) (increase(llamacpp_prompt_cache_evictions_total[15m]))", fits) > 0
+    (rule,) = [e for e in rule_expressions() if e.where == "rule LlamaCppPromptCacheThrashing"]
+    firing = {r["metric"]["instance"] for r in prom.query(rule.promql)["data"]["result"]}
+    assert firing == {thrash}
