@@ -38,6 +38,7 @@ from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
 from .server import ServerPoller
 from .tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_file, follow_stream
+from .web import WebSecurity, load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +73,18 @@ class _ServerFamilies(Collector):
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that failed the TLS handshake or hung up: not the exporter's error
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
 
 class _V6ThreadingWSGIServer(_ThreadingWSGIServer):
     address_family = socket.AF_INET6
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 30  # a client that connects and stalls (or never finishes a TLS handshake) frees its thread
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log
         pass
 
@@ -98,12 +105,19 @@ def make_app(
     cfg: Config,
     costs: ConversationCosts | None = None,
     ready: Callable[[], list[str]] | None = None,
+    security: WebSecurity | None = None,
 ):
     metrics_app = make_wsgi_app(registry)
     page = landing_page(cfg)
     telemetry = cfg.web.telemetry_path
 
     def app(environ, start_response):
+        if security is not None and not security.authorized(environ.get("HTTP_AUTHORIZATION")):
+            start_response(
+                "401 Unauthorized",
+                [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="llamacpp-exporter"')],
+            )
+            return [b"Unauthorized\n"]
         path = environ.get("PATH_INFO", "/")
         if path == telemetry:
             return metrics_app(environ, start_response)
@@ -234,13 +248,20 @@ class Exporter:
     def start(self) -> None:
         host, port = parse_listen_address(self.cfg.web.listen_address)
         server_class = _V6ThreadingWSGIServer if ":" in host else _ThreadingWSGIServer
+        security = load_web_config(self.cfg.web.config_file) if self.cfg.web.config_file else None
         self.httpd = make_server(
             host,
             port,
-            make_app(self.registry, self.cfg, self.costs, self.not_running),
+            make_app(self.registry, self.cfg, self.costs, self.not_running, security),
             server_class=server_class,
             handler_class=_QuietHandler,
         )
+        if security is not None and security.ssl_context is not None:
+            # the handshake happens on the request's own thread, never in the accept loop
+            self.httpd.socket = security.ssl_context.wrap_socket(
+                self.httpd.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.httpd.base_environ["HTTPS"] = "on"
         self.port = self.httpd.server_address[1]
         for name, target in (
             ("pipeline", self._process),

@@ -11,6 +11,7 @@ from prometheus_client import disable_created_metrics
 
 from . import __version__
 from .config import DEFAULT_LISTEN, Config, ConfigError, load_file, override, read_api_key, read_salt, validate
+from .web import load_web_config
 
 log = logging.getLogger("llamacpp_exporter")
 
@@ -127,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"address of the exporter's HTTP server (default {DEFAULT_LISTEN})",
     )
     a(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="FILE",
+        default=None,
+        help="TLS and basic auth for the exporter's HTTP server, in the Prometheus exporter-toolkit format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes)",
+    )
+    a(
         "--web.telemetry-path",
         dest="telemetry_path",
         metavar="PATH",
@@ -204,13 +213,17 @@ def config_from_args(args: argparse.Namespace) -> Config:
         from_start=args.from_start,
         poll_interval_seconds=args.log_poll,
     )
-    cfg = override(cfg, "web", listen_address=args.listen, telemetry_path=args.telemetry_path)
+    cfg = override(
+        cfg, "web", listen_address=args.listen, telemetry_path=args.telemetry_path, config_file=args.web_config_file
+    )
     cfg = override(cfg, "events", path=args.events_path)
     cfg = override(cfg, "cache", min_prompt_tokens=args.min_prompt_tokens)
     cfg = override(cfg, "conversations", salt_file=args.salt_file, window_seconds=args.conv_window, top=args.conv_top)
     validate(cfg)
     read_api_key(cfg.llama)  # a missing key file is a config error, found now
     read_salt(cfg.conversations)
+    if cfg.web.config_file:
+        load_web_config(cfg.web.config_file)  # a bad TLS or auth file is a config error, found now
     return cfg
 
 

@@ -45,6 +45,7 @@ class LogConfig:
 class WebConfig:
     listen_address: str = DEFAULT_LISTEN
     telemetry_path: str = "/metrics"
+    config_file: str | None = None  # TLS and basic auth, exporter-toolkit format (web.py)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,144 @@
+"""--web.config.file: TLS and basic auth in the Prometheus exporter-toolkit's format.
+
+The same file node_exporter and every toolkit exporter read, so one file serves them all:
+
+    tls_server_config:
+      cert_file: /etc/llamacpp-exporter/tls.crt
+      key_file: /etc/llamacpp-exporter/tls.key
+      client_auth_type: RequireAndVerifyClientCert   # optional, with client_ca_file
+      client_ca_file: /etc/llamacpp-exporter/ca.crt
+      min_version: TLS12
+    basic_auth_users:
+      prometheus: $2y$10$...                          # bcrypt hash (htpasswd -nBC 10 "" | tr -d ':\\n')
+
+Keys of the toolkit format this exporter does not implement (cipher_suites, curve_preferences,
+max_version, client_allowed_sans, http_server_config) are errors naming the key, never ignored:
+a security setting that silently does nothing is worse than a refusal to start.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from .config import ConfigError
+
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "RequestClientCert": ssl.CERT_OPTIONAL,  # Go requests without verifying; Python verifies if given
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+
+
+@dataclass
+class WebSecurity:
+    ssl_context: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    _verified: set[bytes] = field(default_factory=set)  # digests of accepted credentials
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def authorized(self, header: str | None) -> bool:
+        """Basic auth against the bcrypt hashes. bcrypt is slow on purpose; as the toolkit
+        does, a credential once verified is remembered (by a digest, not in clear) so that
+        every scrape does not pay for it."""
+        if not self.users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        digest = hashlib.sha256(hashed + b"\0" + password.encode()).digest()
+        with self._lock:
+            if digest in self._verified:
+                return True
+        import bcrypt  # only needed, and only imported, when basic_auth_users is configured
+
+        try:
+            ok = bcrypt.checkpw(password.encode(), hashed)
+        except ValueError:
+            return False
+        if ok:
+            with self._lock:
+                if len(self._verified) > 64:
+                    self._verified.clear()
+                self._verified.add(digest)
+        return ok
+
+
+def load_web_config(path: str) -> WebSecurity:
+    try:
+        doc = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ConfigError(f"--web.config.file {path}: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--web.config.file {path}: not YAML: {e}") from e
+    doc = doc or {}
+    if not isinstance(doc, dict):
+        raise ConfigError(f"--web.config.file {path}: expected a mapping")
+    unknown = set(doc) - {"tls_server_config", "basic_auth_users"}
+    if unknown:
+        raise ConfigError(f"--web.config.file {path}: unsupported key(s): {', '.join(sorted(unknown))}")
+    cfg = WebSecurity()
+    tls = doc.get("tls_server_config")
+    if tls:
+        cfg.ssl_context = _ssl_context(tls, path)
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in users.items()):
+        raise ConfigError(f"--web.config.file {path}: basic_auth_users must map user names to bcrypt hashes")
+    for user, hashed in users.items():
+        if not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise ConfigError(f"--web.config.file {path}: basic_auth_users.{user} is not a bcrypt hash")
+        try:
+            import bcrypt  # noqa: F401
+        except ImportError as e:  # pragma: no cover - bcrypt is a dependency
+            raise ConfigError("basic_auth_users needs the bcrypt package") from e
+    cfg.users = {u: h.encode() for u, h in users.items()}
+    return cfg
+
+
+def _ssl_context(tls: object, path: str) -> ssl.SSLContext:
+    where = f"--web.config.file {path}: tls_server_config"
+    if not isinstance(tls, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    unknown = set(tls) - _TLS_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unsupported key(s): {', '.join(sorted(unknown))}")
+    if not tls.get("cert_file") or not tls.get("key_file"):
+        raise ConfigError(f"{where}: cert_file and key_file are required")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if "min_version" in tls:
+        if tls["min_version"] not in _VERSIONS:
+            raise ConfigError(f"{where}.min_version: one of {', '.join(_VERSIONS)}")
+        ctx.minimum_version = _VERSIONS[tls["min_version"]]
+    try:
+        ctx.load_cert_chain(tls["cert_file"], tls["key_file"])
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"{where}: cannot load cert_file/key_file: {e}") from e
+    auth = tls.get("client_auth_type", "NoClientCert")
+    if auth not in _CLIENT_AUTH:
+        raise ConfigError(f"{where}.client_auth_type: one of {', '.join(_CLIENT_AUTH)}")
+    ctx.verify_mode = _CLIENT_AUTH[auth]
+    if auth != "NoClientCert":
+        if not tls.get("client_ca_file"):
+            raise ConfigError(f"{where}: client_auth_type {auth} needs client_ca_file")
+        try:
+            ctx.load_verify_locations(tls["client_ca_file"])
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"{where}: cannot load client_ca_file: {e}") from e
+    return ctx

@@ -1,0 +1,156 @@
+"""--web.config.file: TLS and basic auth in the exporter-toolkit format, scraped by a real
+Prometheus (its own TLS client and basic auth), with certificates made by openssl."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+import yaml
+from promql import Prometheus
+from realserver import free_port, terminate
+
+from llamacpp_exporter.config import ConfigError
+from llamacpp_exporter.web import load_web_config
+
+PASSWORD = "correct horse battery staple"
+
+
+def make_certs(d: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it."""
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
+        "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", "tls.key", "-out", "tls.csr")
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    run("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+        "-extfile", "san.ext", "-out", "tls.crt")  # fmt: skip
+    return d / "ca.crt", d / "tls.crt", d / "tls.key"
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory):
+    d = tmp_path_factory.mktemp("web")
+    ca, crt, key = make_certs(d)
+    hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
+    web = d / "web.yml"
+    web.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {"cert_file": str(crt), "key_file": str(key), "min_version": "TLS12"},
+                "basic_auth_users": {"prometheus": hashed},
+            }
+        )
+    )
+    port = free_port()
+    err = open(d / "exporter.stderr", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+         "--web.config.file", str(web), "--llama.url", f"http://127.0.0.1:{free_port()}"],
+        stdout=err, stderr=err, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    err.close()
+    url = f"https://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url + "/-/healthy", verify=ssl.create_default_context(cafile=str(ca)), timeout=1)
+            break
+        except httpx.HTTPError:
+            assert proc.poll() is None, (d / "exporter.stderr").read_text()
+            time.sleep(0.1)
+    yield {"url": url, "ca": ca, "port": port, "dir": d, "web": web}
+    terminate(proc)
+    assert "Traceback" not in (d / "exporter.stderr").read_text()
+
+
+def test_tls_and_basic_auth_are_enforced(secured):
+    url, ca = secured["url"], ssl.create_default_context(cafile=str(secured["ca"]))
+    assert httpx.get(url + "/metrics", verify=ca).status_code == 401
+    assert httpx.get(url + "/metrics", verify=ca, auth=("prometheus", "wrong")).status_code == 401
+    assert httpx.get(url + "/metrics", verify=ca, auth=("nobody", PASSWORD)).status_code == 401
+    r = httpx.get(url + "/metrics", verify=ca, auth=("prometheus", PASSWORD))
+    assert r.status_code == 200 and "llamacpp_exporter_build_info" in r.text
+    with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port
+        httpx.get(f"http://127.0.0.1:{secured['port']}/metrics", timeout=3)
+
+
+def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path):
+    target = f"127.0.0.1:{secured['port']}"
+    job = {
+        "scheme": "https",
+        "tls_config": {"ca_file": str(secured["ca"])},
+        "static_configs": [{"targets": [target]}],
+    }
+    prom = Prometheus(
+        tmp_path / "prometheus",
+        {
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [
+                {**job, "job_name": "llamacpp", "basic_auth": {"username": "prometheus", "password": PASSWORD}},
+                {**job, "job_name": "wrong-password", "basic_auth": {"username": "prometheus", "password": "x"}},
+            ],
+        },
+    )
+    try:
+        deadline = time.monotonic() + 30
+        health: dict[str, str] = {}
+        while time.monotonic() < deadline and set(health.values()) != {"up", "down"}:
+            time.sleep(0.5)
+            targets = httpx.get(prom.url + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            health = {t["labels"]["job"]: t["health"] for t in targets}
+        assert health == {"llamacpp": "up", "wrong-password": "down"}, targets
+        res = prom.query('llamacpp_exporter_build_info{job="llamacpp"}')["data"]["result"]
+        assert res and res[0]["metric"]["version"]
+    finally:
+        prom.stop()
+
+
+def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secured):
+    import socket
+
+    stalled = socket.create_connection(("127.0.0.1", secured["port"]))
+    try:
+        r = httpx.get(
+            secured["url"] + "/-/healthy", verify=ssl.create_default_context(cafile=str(secured["ca"])), timeout=5
+        )
+        assert r.status_code in (200, 401)
+    finally:
+        stalled.close()
+
+
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"tls_server_config": {"cert_file": "x"}}, "cert_file and key_file are required"),
+        ({"tls_server_config": {"cert_file": "x", "key_file": "y", "cipher_suites": []}}, "cipher_suites"),
+        ({"http_server_config": {"http2": True}}, "unsupported key(s): http_server_config"),
+        ({"basic_auth_users": {"u": "plaintext"}}, "not a bcrypt hash"),
+        ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load"),
+    ],
+)
+def test_bad_web_config_is_a_clear_error(tmp_path, doc, message):
+    f = tmp_path / "web.yml"
+    f.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_web_config(str(f))
+
+
+def test_config_check_rejects_a_bad_web_config(tmp_path):
+    f = tmp_path / "web.yml"
+    f.write_text("basic_auth_users: {u: plaintext}\n")
+    res = subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", "--web.config.file", str(f), "--config.check"],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode != 0 and "not a bcrypt hash" in res.stderr and "Traceback" not in res.stderr
