@@ -8,4 +8,4 @@ WORKDIR /
 USER 65534:65534
 EXPOSE 10938
 ENTRYPOINT ["llamacpp-exporter"]
-CMD ["--llama.url", "http://llama-server:8080", "--log.path", "/logs/llama-server.log"]
+CMD ["--llama.url", "http://llama-server:8080", "--llama.log-path", "/logs/llama-server.log"]

@@ -40,9 +40,9 @@ def main() -> None:
         [
             "--llama.url",
             srv.url,
-            "--log.path",
+            "--llama.log-path",
             str(srv.log_path),
-            "--log.from-start",
+            "--llama.log-from-start",
             "--events.path",
             str(work / "events.jsonl"),
         ],

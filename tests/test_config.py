@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,7 @@ def test_good_file():
         ("bad-two-sources", "exclusive"),
         ("bad-thresholds", "miss_ratio <= hit_ratio"),
         ("bad-yaml", "not valid YAML"),
+        ("bad-moved-key", "log.path is now llama.log_path"),
     ],
 )
 def test_bad_files_name_the_problem(name, message):
@@ -70,17 +72,34 @@ def test_help_lists_every_setting():
     out = cli("--help").stdout
     for flag in (
         "--llama.url",
-        "--log.path",
-        "--log.command",
-        "--log.from-start",
+        "--llama.log-path",
+        "--llama.log-command",
+        "--llama.log-from-start",
         "--web.listen-address",
         "--config.file",
         "--config.check",
         "--events.path",
         "--llama.api-key-file",
+        "--log.level",
+        "--log.format",
+        "--web.config.file",
         "-lv 4",
     ):
         assert flag in out
+    assert "--log.path" not in out  # accepted for a while, not advertised
+
+
+def test_input_and_own_log_flags_follow_the_exporter_toolkit_names(tmp_path):
+    """--log.* is the exporter's own log (as in every exporter-toolkit exporter); llama-server's
+    log, the input, is --llama.log-*. The names used before still work, with a warning."""
+    cfg = config_from_args(build_parser().parse_args(["--config.file", str(CONF / "good.yaml")]))
+    assert cfg.llama.log_path == "/var/log/llama-server.log" and (cfg.log.level, cfg.log.format) == ("debug", "json")
+    res = cli("--config.check", "--log.path", "/var/log/x.log", "--log.format", "json")
+    assert res.returncode == 0 and "--log.path is deprecated: use --llama.log-path" in res.stderr
+    line = next(x for x in res.stderr.splitlines() if "deprecated" in x)
+    assert json.loads(line)["level"] == "warn"
+    res = cli("--config.check", "--log.path", "/var/log/x.log")
+    assert 'level=warn source=llamacpp_exporter msg="--log.path is deprecated' in res.stderr
 
 
 def test_api_key_from_file_or_env_never_printed(tmp_path):

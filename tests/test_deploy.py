@@ -50,7 +50,7 @@ def test_compose_wiring_agrees():
     llama = SERVICES["llama-server"]["command"]
     exp = SERVICES["exporter"]["command"]
     assert _arg(exp, "--llama.url") == f"http://llama-server:{_arg(llama, '--port')}"
-    assert _arg(exp, "--log.path") == _arg(llama, "--log-file")
+    assert _arg(exp, "--llama.log-path") == _arg(llama, "--log-file")
     assert _arg(llama, "-lv") == "4" and "--metrics" in llama
     # the exporter reads the log volume read-only and runs with a read-only root
     assert "llama-logs:/logs:ro" in SERVICES["exporter"]["volumes"]
@@ -123,7 +123,7 @@ def test_kubernetes_sidecar_wiring():
     for c in containers.values():
         assert pinned(c["image"]), c["image"]
     assert _arg(exp["args"], "--llama.url") == f"http://127.0.0.1:{_arg(llama['args'], '--port')}"
-    assert _arg(exp["args"], "--log.path") == _arg(llama["args"], "--log-file")
+    assert _arg(exp["args"], "--llama.log-path") == _arg(llama["args"], "--log-file")
     log_mount = next(m for m in exp["volumeMounts"] if m["name"] == "logs")
     assert log_mount["readOnly"] is True and "emptyDir" in next(v for v in pod["volumes"] if v["name"] == "logs")
     assert exp["securityContext"]["runAsNonRoot"] is True

@@ -123,7 +123,7 @@ def stack(tmp_path_factory):
     servers = (one, two, thrash, fits)
     exporters = [
         ExporterProcess(
-            ["--llama.url", s.url, "--log.path", str(s.log_path), "--llama.poll-interval", "0.5"], s.workdir
+            ["--llama.url", s.url, "--llama.log-path", str(s.log_path), "--llama.poll-interval", "0.5"], s.workdir
         ).start()
         for s in servers
     ]

@@ -21,9 +21,9 @@ def test_no_text_leaves_the_exporter(tmp_path):
         [
             "--llama.url",
             f"http://127.0.0.1:{free_port()}",
-            "--log.path",
+            "--llama.log-path",
             str(FIXTURE),
-            "--log.from-start",
+            "--llama.log-from-start",
             "--events.path",
             str(events),
             "--log.level",

@@ -23,9 +23,9 @@ def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterP
         [
             "--llama.url",
             server.url,
-            "--log.path",
+            "--llama.log-path",
             str(server.log_path),
-            "--log.from-start",
+            "--llama.log-from-start",
             "--events.path",
             str(workdir / "events.jsonl"),
             "--llama.poll-interval",
@@ -245,7 +245,7 @@ def test_server_restart_with_log_file_truncation_starts_a_new_epoch(parts, tmp_p
             [
                 "--llama.url",
                 srv.url,
-                "--log.path",
+                "--llama.log-path",
                 str(srv.log_path),
                 "--events.path",
                 str(tmp_path / "events.jsonl"),

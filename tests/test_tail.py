@@ -218,12 +218,12 @@ LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 
 
 def test_exporter_reads_standard_input(tmp_path):
-    text = _run_exporter_on(["--log.path", "-"], LOG.read_bytes(), tmp_path)
+    text = _run_exporter_on(["--llama.log-path", "-"], LOG.read_bytes(), tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
 
 
 def test_exporter_follows_a_command(tmp_path):
-    text = _run_exporter_on(["--log.command", f"cat {LOG}; sleep 60"], None, tmp_path)
+    text = _run_exporter_on(["--llama.log-command", f"cat {LOG}; sleep 60"], None, tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
 
 

@@ -213,17 +213,17 @@ class Exporter:
 
     # ------------------------------------------------------------ threads
     def _source(self) -> None:
-        splitter = LineSplitter(self._put, lambda: self._put(_OVERSIZED), self.cfg.log.max_line_bytes)
-        lc = self.cfg.log
+        lc = self.cfg.llama
+        splitter = LineSplitter(self._put, lambda: self._put(_OVERSIZED), lc.log_max_line_bytes)
         try:
-            if lc.command:
-                follow_command(lc.command, splitter, self.stats, self.stop)
-            elif lc.path == "-":
+            if lc.log_command:
+                follow_command(lc.log_command, splitter, self.stats, self.stop)
+            elif lc.log_path == "-":
                 follow_stream(sys.stdin.buffer, splitter, self.stop)
                 log.info("standard input closed")
-            elif lc.path:
-                follower = FileFollower(lc.path, splitter, self.stats, from_start=lc.from_start)
-                follow_file(follower, self.stop, lc.poll_interval_seconds)
+            elif lc.log_path:
+                follower = FileFollower(lc.log_path, splitter, self.stats, from_start=lc.log_from_start)
+                follow_file(follower, self.stop, lc.log_poll_interval_seconds)
         except Exception:
             log.exception("log source failed")
             self.stats.read_error()
@@ -272,7 +272,7 @@ class Exporter:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self.threads.append(t)
-        src = self.cfg.log.command and "command" or self.cfg.log.path or "none"
+        src = self.cfg.llama.log_command and "command" or self.cfg.llama.log_path or "none"
         log.info(
             "llamacpp-exporter %s listening on %s:%d, llama-server %s, log source %s",
             __version__,
@@ -281,8 +281,10 @@ class Exporter:
             self.cfg.llama.url,
             src,
         )
-        if not self.cfg.log.path and not self.cfg.log.command:
-            log.warning("no log source (--log.path or --log.command): only llama-server's endpoints are exported")
+        if not self.cfg.llama.log_path and not self.cfg.llama.log_command:
+            log.warning(
+                "no log source (--llama.log-path or --llama.log-command): only llama-server's endpoints are exported"
+            )
 
     def not_running(self) -> list[str]:
         """Threads that should run and do not (for /-/ready). A log source that ended because

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+from datetime import datetime, timezone
 
 from prometheus_client import disable_created_metrics
 
@@ -92,28 +94,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="re-export llama-server's /metrics as llamacpp_server_* (default on)",
     )
     a(
-        "--log.path",
+        "--llama.log-path",
         dest="log_path",
         metavar="FILE",
         default=None,
         help="llama-server log file to follow (rotation and truncation handled), or - for standard input",
     )
     a(
-        "--log.command",
+        "--llama.log-command",
         dest="log_command",
         metavar="COMMAND",
         default=None,
         help="command whose output is followed, e.g. 'journalctl -f -o cat -u llama-server' (restarted if it exits)",
     )
     a(
-        "--log.from-start",
+        "--llama.log-from-start",
         dest="from_start",
         action="store_true",
         default=None,
         help="read the log file from its start instead of its end",
     )
     a(
-        "--log.poll-interval",
+        "--llama.log-poll-interval",
         dest="log_poll",
         type=float,
         metavar="SECONDS",
@@ -184,10 +186,25 @@ def build_parser() -> argparse.ArgumentParser:
     a(
         "--log.level",
         dest="log_level",
-        default="info",
-        choices=["debug", "info", "warning", "error"],
+        default=None,
+        choices=["debug", "info", "warn", "error"],
         help="the exporter's own log level (default info)",
     )
+    a(
+        "--log.format",
+        dest="log_format",
+        default=None,
+        choices=["logfmt", "json"],
+        help="the exporter's own log format (default logfmt)",
+    )
+    # the names before 0.1: --log.* is the exporter's own log in every exporter-toolkit exporter
+    for old, dest, kw in (
+        ("--log.path", "old_log_path", {}),
+        ("--log.command", "old_log_command", {}),
+        ("--log.from-start", "old_from_start", {"action": "store_true"}),
+        ("--log.poll-interval", "old_log_poll", {"type": float}),
+    ):
+        a(old, dest=dest, default=None, help=argparse.SUPPRESS, **kw)
     a("--version", action="version", version=f"llamacpp-exporter {__version__}")
     return p
 
@@ -205,14 +222,25 @@ def config_from_args(args: argparse.Namespace) -> Config:
         poll_slots=args.poll_slots,
         poll_metrics=args.poll_metrics,
     )
+    for old, new, old_flag, new_flag in (
+        ("old_log_path", "log_path", "--log.path", "--llama.log-path"),
+        ("old_log_command", "log_command", "--log.command", "--llama.log-command"),
+        ("old_from_start", "from_start", "--log.from-start", "--llama.log-from-start"),
+        ("old_log_poll", "log_poll", "--log.poll-interval", "--llama.log-poll-interval"),
+    ):
+        if getattr(args, old) is not None:
+            log.warning("%s is deprecated: use %s (--log.* is the exporter's own log)", old_flag, new_flag)
+            if getattr(args, new) is None:
+                setattr(args, new, getattr(args, old))
     cfg = override(
         cfg,
-        "log",
-        path=args.log_path,
-        command=args.log_command,
-        from_start=args.from_start,
-        poll_interval_seconds=args.log_poll,
+        "llama",
+        log_path=args.log_path,
+        log_command=args.log_command,
+        log_from_start=args.from_start,
+        log_poll_interval_seconds=args.log_poll,
     )
+    cfg = override(cfg, "log", level=args.log_level, format=args.log_format)
     cfg = override(
         cfg, "web", listen_address=args.listen, telemetry_path=args.telemetry_path, config_file=args.web_config_file
     )
@@ -227,6 +255,39 @@ def config_from_args(args: argparse.Namespace) -> Config:
     return cfg
 
 
+class _Formatter(logging.Formatter):
+    """logfmt or JSON lines, with the keys of the exporter-toolkit's logs (time, level, source, msg)."""
+
+    def __init__(self, fmt: str) -> None:
+        super().__init__()
+        self.json = fmt == "json"
+
+    def format(self, record: logging.LogRecord) -> str:
+        t = datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+        fields = {"time": t, "level": record.levelname.lower().replace("warning", "warn"), "source": record.name}
+        fields["msg"] = record.getMessage()
+        if record.exc_info:
+            fields["err"] = self.formatException(record.exc_info)
+        if self.json:
+            return json.dumps(fields)
+        return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())
+
+
+def _logfmt_value(v: str) -> str:
+    if v and not any(c in v for c in ' ="\n\\'):
+        return v
+    return json.dumps(v)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Formatter(fmt))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["top"]:
@@ -234,17 +295,13 @@ def main(argv: list[str] | None = None) -> int:
 
         return top_main(argv[1:])
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
+    setup_logging(args.log_level or "info", args.log_format or "logfmt")
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
         print(f"llamacpp-exporter: configuration error: {e}", file=sys.stderr)
         return 1
+    setup_logging(cfg.log.level, cfg.log.format)
     if args.config_check:
         print("configuration is valid")
         return 0

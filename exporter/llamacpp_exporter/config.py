@@ -21,6 +21,18 @@ class ConfigError(ValueError):
     pass
 
 
+LOG_LEVELS = ("debug", "info", "warn", "error")
+LOG_FORMATS = ("logfmt", "json")
+# keys of the log: section before it became the exporter's own log (llama-server's log is llama.log_*)
+_MOVED = {
+    "path": "llama.log_path",
+    "command": "llama.log_command",
+    "from_start": "llama.log_from_start",
+    "poll_interval_seconds": "llama.log_poll_interval_seconds",
+    "max_line_bytes": "llama.log_max_line_bytes",
+}
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
     url: str = "http://127.0.0.1:8080"
@@ -30,15 +42,20 @@ class LlamaConfig:
     poll_interval_seconds: float = 5.0
     poll_slots: bool = True
     poll_metrics: bool = True
+    # llama-server's log, the exporter's input
+    log_path: str | None = None
+    log_command: str | None = None
+    log_from_start: bool = False
+    log_poll_interval_seconds: float = 0.25
+    log_max_line_bytes: int = 1 << 20
 
 
 @dataclass(frozen=True)
 class LogConfig:
-    path: str | None = None
-    command: str | None = None
-    from_start: bool = False
-    poll_interval_seconds: float = 0.25
-    max_line_bytes: int = 1 << 20
+    """The exporter's own log, named as in the Prometheus exporter-toolkit (--log.level, --log.format)."""
+
+    level: str = "info"
+    format: str = "logfmt"
 
 
 @dataclass(frozen=True)
@@ -148,6 +165,10 @@ def load_file(path: str) -> Config:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    if isinstance(data, dict) and isinstance(data.get("log"), dict):
+        for old, new in _MOVED.items():
+            if old in data["log"]:
+                raise ConfigError(f"log.{old} is now {new} (log: is the exporter's own log: level, format)")
     return _build(Config, data, "")
 
 
@@ -160,19 +181,26 @@ def override(cfg: Config, section: str, **values: Any) -> Config:
 
 
 def validate(cfg: Config) -> Config:
-    if cfg.log.path and cfg.log.command:
-        raise ConfigError("log.path and log.command are exclusive: follow a file (or - for stdin) or a command")
+    lc = cfg.llama
+    if lc.log_path and lc.log_command:
+        raise ConfigError(
+            "llama.log_path and llama.log_command are exclusive: follow a file (or - for stdin) or a command"
+        )
+    if cfg.log.level not in LOG_LEVELS:
+        raise ConfigError(f"log.level: one of {', '.join(LOG_LEVELS)}")
+    if cfg.log.format not in LOG_FORMATS:
+        raise ConfigError(f"log.format: one of {', '.join(LOG_FORMATS)}")
     if not cfg.llama.url.startswith(("http://", "https://")):
         raise ConfigError(f"llama.url: must start with http:// or https://, got {cfg.llama.url!r}")
     for key, v in (
         ("llama.timeout_seconds", cfg.llama.timeout_seconds),
         ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds),
-        ("log.poll_interval_seconds", cfg.log.poll_interval_seconds),
+        ("llama.log_poll_interval_seconds", cfg.llama.log_poll_interval_seconds),
     ):
         if v <= 0:
             raise ConfigError(f"{key}: must be positive, got {v}")
-    if cfg.log.max_line_bytes < 1024:
-        raise ConfigError("log.max_line_bytes: must be at least 1024")
+    if cfg.llama.log_max_line_bytes < 1024:
+        raise ConfigError("llama.log_max_line_bytes: must be at least 1024")
     c = cfg.cache
     if not (0 <= c.miss_ratio <= c.hit_ratio <= 1):
         raise ConfigError("cache: need 0 <= miss_ratio <= hit_ratio <= 1")

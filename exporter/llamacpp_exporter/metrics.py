@@ -187,7 +187,7 @@ class ExporterMetrics:
         )
         self.log_source_restarts = Counter(
             "llamacpp_exporter_log_command_restarts",
-            "Restarts of the --log.command process after it exited.",
+            "Restarts of the --llama.log-command process after it exited.",
             registry=r,
         )
         self.last_line = Gauge(
