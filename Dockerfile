@@ -3,7 +3,8 @@ FROM python:3.12-slim-bookworm
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY exporter ./exporter
-RUN pip install --no-cache-dir . && rm -rf /src
+RUN pip install --no-cache-dir . && rm -rf /src \
+    && mkdir -p /data && chown 65534:65534 /data   # a new named volume on /data takes this owner
 WORKDIR /
 USER 65534:65534
 EXPOSE 10938

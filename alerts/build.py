@@ -1,4 +1,6 @@
-"""Render the Prometheus recording and alerting rules from alerts/config/thresholds.yaml.
+"""Render the Prometheus recording and alerting rules from alerts/config/thresholds.yaml, and the
+Kubernetes objects that carry them or depend on that file (PrometheusRule, PodMonitor,
+ServiceMonitor, the log-rotate ConfigMap).
 
     .venv/bin/python alerts/build.py          # writes llamacpp-rules.yaml and llamacpp-alerts.yaml
     .venv/bin/python alerts/build.py --check  # exit 1 if the committed files are stale
@@ -334,13 +336,47 @@ llamacpp_up{{{s}, endpoint="health"}} == 1
     }
 
 
+def _metadata(c: dict[str, Any]) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/name": "llamacpp-exporter", **(c.get("kubernetes_labels") or {})}
+    return {"name": "llamacpp-exporter", "labels": labels}
+
+
 def prometheus_rule(c: dict[str, Any]) -> dict[str, Any]:
     """The same groups as a Prometheus Operator PrometheusRule."""
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
-        "metadata": {"name": "llamacpp-exporter"},
+        "metadata": _metadata(c),
         "spec": {"groups": recording_rules(c)["groups"] + alerting_rules(c)["groups"]},
+    }
+
+
+def _job_relabeling(c: dict[str, Any]) -> list[dict[str, str]]:
+    job = c["selector"].split('"')[1]  # job="llamacpp": every pod's series carry the rules' job
+    return [{"targetLabel": "job", "replacement": job}]
+
+
+def pod_monitor(c: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(c),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "llama-server"}},
+            "podMetricsEndpoints": [{"port": "metrics", "interval": "15s", "relabelings": _job_relabeling(c)}],
+        },
+    }
+
+
+def service_monitor(c: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(c),
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": "llama-server"}},
+            "endpoints": [{"port": "metrics", "interval": "15s", "relabelings": _job_relabeling(c)}],
+        },
     }
 
 
@@ -352,6 +388,20 @@ def render() -> dict[str, str]:
         "alerts/llamacpp-rules.yaml": dump(recording_rules(c)),
         "alerts/llamacpp-alerts.yaml": dump(alerting_rules(c)),
         "deploy/kubernetes/prometheusrule.yaml": dump(prometheus_rule(c)),
+        "deploy/kubernetes/podmonitor.yaml": "# Prometheus Operator: scrape every llama-server pod's exporter sidecar (or use\n"
+        "# servicemonitor.yaml, not both). Labels: kubernetes_labels in alerts/config/thresholds.yaml.\n"
+        + dump(pod_monitor(c)),
+        "deploy/kubernetes/log-rotate.yaml": "# deploy/logrotate/rotate.sh for the log-rotate sidecar of llama-server.yaml.\n"
+        + dump(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "llamacpp-log-rotate"},
+                "data": {"rotate.sh": _Literal((HERE.parent / "deploy" / "logrotate" / "rotate.sh").read_text())},
+            }
+        ),
+        "deploy/kubernetes/servicemonitor.yaml": "# Alternative to podmonitor.yaml: scrape through the Service (use one of the two).\n"
+        + dump(service_monitor(c)),
     }
 
 

@@ -1,12 +1,17 @@
 """The compose stack and the Kubernetes example, checked without a Docker engine or a
-cluster (none exists on the build machines): every mounted file exists, ports and service
-names agree, images are pinned, and Prometheus and Alertmanager accept their configs."""
+cluster (none exists on the build machines) by the validators the registries offer (the
+compose-spec schema, docker-compose config, Kubernetes' and the Prometheus Operator's schemas)
+and by our own checks: mounted files exist, ports and names agree, images are pinned,
+Prometheus and Alertmanager accept their configs, the log is rotated."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -57,7 +62,7 @@ def test_compose_wiring_agrees():
     assert "llama-logs:/logs" in SERVICES["llama-server"]["volumes"]
     assert SERVICES["exporter"]["read_only"] is True
     port = _arg(exp, "--web.listen-address").rsplit(":", 1)[1]
-    assert f"{port}:{port}" in SERVICES["exporter"]["ports"]
+    assert f"${{PUBLISH_ADDRESS:-127.0.0.1}}:{port}:{port}" in SERVICES["exporter"]["ports"]
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     job = next(j for j in prom["scrape_configs"] if j["job_name"] == "llamacpp")
     assert job["static_configs"][0]["targets"] == [f"exporter:{port}"]
@@ -139,3 +144,122 @@ def test_kubernetes_sidecar_wiring():
     assert any(p["name"] == "metrics" for p in svc["spec"]["ports"])
     (rule,) = _kind("PrometheusRule")
     assert {g["name"] for g in rule["spec"]["groups"]} >= {"llamacpp.rules", "llamacpp.prompt-cache"}
+
+
+# ---------------------------------------------------------------- real validators
+CACHE = Path(
+    os.environ.get(
+        "LLAMACPP_EXPORTER_CACHE", Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "llamacpp-exporter"
+    )
+)
+COMPOSE_FILES = ["docker-compose.yml", "docker-compose.gpu.yml"]
+
+
+def test_compose_files_match_the_compose_spec_schema():
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "check-jsonschema"),
+            "--builtin-schema",
+            "vendor.compose-spec",
+            *COMPOSE_FILES,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_docker_compose_config_accepts_the_stack_and_its_gpu_variant():
+    """docker-compose's own `config` (Debian's docker-compose package): resolves variables,
+    merges the GPU file, checks depends_on conditions against healthchecks. No engine needed."""
+    exe = shutil.which("docker-compose")
+    assert exe, "docker-compose is missing: the test set-up installs Debian's docker-compose"
+    args = [exe]
+    for f in COMPOSE_FILES:
+        args += ["-f", f]
+    res = subprocess.run(
+        [*args, "config"], capture_output=True, text=True, cwd=ROOT, env={**os.environ, "LLAMA_MODEL": "m.gguf"}
+    )
+    assert res.returncode == 0, res.stderr
+    merged = yaml.safe_load(res.stdout)["services"]["llama-server"]
+    assert merged["image"].endswith("server-cuda-b11434")
+    (dev,) = merged["deploy"]["resources"]["reservations"]["devices"]
+    assert dev["driver"] == "nvidia" and dev["capabilities"] == ["gpu"]
+    assert "-ngl" in merged["command"] and "--log-file" in merged["command"]
+
+
+def test_kubernetes_manifests_match_kubernetes_schemas():
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet",
+         *map(str, sorted((ROOT / "deploy/kubernetes").glob("*.yaml")))],
+        capture_output=True,
+        text=True,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    kinds = {d["kind"] for d in K8S}
+    assert {"Deployment", "Service", "ConfigMap"} <= kinds
+
+
+def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path):
+    node_modules = CACHE / "node" / "node_modules"
+    assert (node_modules / "@kubernetes-models" / "prometheus-operator").is_dir(), "run tests/setup/setup.sh"
+    script = CACHE / "node" / "validate_prometheus_operator.mjs"  # next to its node_modules: ESM resolves from there
+    shutil.copy(ROOT / "tests/setup/validate_prometheus_operator.mjs", script)
+    objs = [d for d in K8S if d["apiVersion"].startswith("monitoring.coreos.com/")]
+    assert {d["kind"] for d in objs} == {"PodMonitor", "ServiceMonitor", "PrometheusRule"}
+    res = subprocess.run(["node", str(script)], input=json.dumps(objs), capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    broken = [{**objs[0], "spec": {**objs[0]["spec"], "podMetricsEndpoints": [{"port": 10938}]}}]
+    res = subprocess.run(["node", str(script)], input=json.dumps(broken), capture_output=True, text=True)
+    assert res.returncode == 1 and "INVALID" in res.stdout  # the validator can fail
+
+
+# ---------------------------------------------------------------- the ninety-day points
+def test_operator_objects_carry_the_label_kube_prometheus_stack_selects():
+    labels = yaml.safe_load((ROOT / "alerts/config/thresholds.yaml").read_text())["kubernetes_labels"]
+    assert labels == {"release": "kube-prometheus-stack"}
+    for d in _kind("PodMonitor") + _kind("ServiceMonitor") + _kind("PrometheusRule"):
+        assert labels.items() <= d["metadata"]["labels"].items(), d["kind"]
+
+
+def test_compose_publishes_on_loopback_and_waits_for_healthy_dependencies():
+    for name, svc in SERVICES.items():
+        for p in svc.get("ports", []):
+            assert p.startswith("${PUBLISH_ADDRESS:-127.0.0.1}:"), f"{name}: {p}"
+    for name in ("llama-server", "exporter", "prometheus", "alertmanager", "grafana"):
+        assert SERVICES[name]["healthcheck"]["test"][0] == "CMD", name
+    assert SERVICES["llama-server"]["healthcheck"]["start_period"] == "10m"
+    assert SERVICES["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+    assert SERVICES["prometheus"]["depends_on"]["alertmanager"]["condition"] == "service_healthy"
+    # the exporter must run while llama-server loads or is down: it is what reports that
+    assert SERVICES["exporter"]["depends_on"]["llama-server"]["condition"] == "service_started"
+    assert "/-/ready" in " ".join(SERVICES["exporter"]["healthcheck"]["test"])
+
+
+def test_exporter_image_owns_its_data_directory():
+    """Docker fills a new named volume from the image's directory, owner included: /data must
+    exist in the image and belong to the exporter's user, or the events file is never written."""
+    text = (ROOT / "Dockerfile").read_text()
+    user = re.search(r"^USER (\S+)", text, re.M).group(1)
+    assert re.search(rf"mkdir -p /data && chown {re.escape(user)} /data", text)
+    assert "exporter-data:/data" in SERVICES["exporter"]["volumes"]
+    events = _arg(SERVICES["exporter"]["command"], "--events.path")
+    assert events.startswith("/data/")
+
+
+def test_the_log_is_rotated_in_both_layouts():
+    rot = SERVICES["log-rotate"]
+    assert "./deploy/logrotate/rotate.sh:/rotate.sh:ro" in rot["volumes"] and "llama-logs:/logs" in rot["volumes"]
+    assert rot["environment"]["LOG"] == _arg(SERVICES["llama-server"]["command"], "--log-file")
+    assert pinned(rot["image"]) and rot["image"].startswith("busybox:")
+    (dep,) = _kind("Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    env = {e["name"]: e["value"] for e in containers["log-rotate"]["env"]}
+    assert env["LOG"] == _arg(containers["llama-server"]["args"], "--log-file")
+    (cm,) = _kind("ConfigMap")
+    assert cm["data"]["rotate.sh"] == (ROOT / "deploy/logrotate/rotate.sh").read_text()
+    # what the rotation keeps on disk stays well inside the emptyDir's sizeLimit
+    size_limit = next(v for v in pod["volumes"] if v["name"] == "logs")["emptyDir"]["sizeLimit"]
+    assert size_limit.endswith("Gi") and int(env["MAX_MB"]) * (1 + int(env["KEEP"])) < int(size_limit[:-2]) * 1024

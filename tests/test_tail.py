@@ -3,6 +3,7 @@ llama-server's truncate-on-restart, a file that appears later, partial and overs
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -239,3 +240,31 @@ def test_directory_watch_wakes_on_append(tmp_path):
     w.wait(5.0, threading.Event())
     assert time.monotonic() - t0 < 2.0  # woken by the write, not by the 5 s timeout
     w.close()
+
+
+def test_copytruncate_of_a_writer_without_append_skips_the_hole(tmp_path):
+    """llama-server opens --log-file with fopen("w"): after a copytruncate it writes on at its
+    old offset, so the file starts with a hole that reads as zeros. No line is lost, nothing
+    is oversized, and the hole is not read."""
+    path = tmp_path / "llama.log"
+    c = Collect(max_line_bytes=1 << 16)
+    writer = open(path, "w", buffering=1)  # no O_APPEND, as llama-server
+    f, stats = follower(path, c, from_start=True)
+    old = [f"line {i} " + "x" * 1000 for i in range(2000)]  # 2 MB: the hole will be larger than a line
+    for line in old:
+        writer.write(line + "\n")
+    f.poll_once()
+    assert c.lines == old
+    os.truncate(path, 0)  # rotate.sh's `: > LOG`
+    f.poll_once()  # sees the truncation before the writer writes again
+    writer.write("after 1\n")
+    writer.write("after 2\n")
+    f.poll_once()
+    assert c.lines[len(old) :] == ["after 1", "after 2"] and c.oversized == 0
+    assert stats.truncations == 1
+    assert os.stat(path).st_size > 2_000_000 and f.pos == os.stat(path).st_size
+    os.truncate(path, 0)  # again, this time the writer writes before the follower looks
+    writer.write("after 3\n")
+    f.poll_once()
+    assert c.lines[len(old) :] == ["after 1", "after 2", "after 3"] and c.oversized == 0
+    writer.close()

@@ -58,6 +58,10 @@ class LineSplitter:
         self.skipping = False  # inside an oversized line: drop until its newline
 
     def feed(self, data: bytes) -> None:
+        if b"\0" in data:
+            # a hole read as zeros: a writer without O_APPEND (llama-server's --log-file) goes on
+            # at its old offset after a copytruncate. NUL is never part of a log line.
+            data = data.replace(b"\0", b"")
         start = 0
         while True:
             nl = data.find(b"\n", start)
@@ -198,8 +202,21 @@ class FileFollower:
         self.pos = 0
         self.head = os.pread(self.fh.fileno(), HEAD_BYTES, 0)
 
+    def _skip_hole(self) -> None:
+        """Jump over a hole at the read position (see LineSplitter.feed) instead of reading
+        what may be gigabytes of zeros. Filesystems without SEEK_DATA read it; feed drops it."""
+        assert self.fh is not None
+        try:
+            data_at = os.lseek(self.fh.fileno(), self.pos, os.SEEK_DATA)
+        except (OSError, AttributeError):  # ENXIO: only a hole (or nothing) past pos yet
+            return
+        if data_at > self.pos:
+            self.fh.seek(data_at)
+            self.pos = data_at
+
     def _read_available(self) -> int:
         assert self.fh is not None
+        self._skip_hole()
         total = 0
         while True:
             try:

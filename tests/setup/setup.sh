@@ -15,6 +15,10 @@ command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)
+command -v docker-compose >/dev/null || missing+=(docker-compose)  # `config` validates the compose files, no engine
+command -v busybox >/dev/null || missing+=(busybox)                # runs deploy/logrotate/rotate.sh as its image does
+command -v openssl >/dev/null || missing+=(openssl)                # certificates for the TLS test
+command -v npm >/dev/null || missing+=(nodejs npm)                 # the Prometheus Operator's schemas
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}" >&2
   $SUDO apt-get update -qq >&2
@@ -27,6 +31,14 @@ if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
   "$PY" -m venv "$ROOT/.venv"
 fi
 "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
+
+# The Prometheus Operator's CRD schemas with a validator (kubernetes-models, from the npm registry)
+NODE_DIR="$CACHE/node"
+if [[ ! -d "$NODE_DIR/node_modules/@kubernetes-models/prometheus-operator" ]]; then
+  echo "setup: installing @kubernetes-models/prometheus-operator into $NODE_DIR" >&2
+  mkdir -p "$NODE_DIR"
+  npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent @kubernetes-models/prometheus-operator@6.0.0 >&2
+fi
 
 PYTHON="$ROOT/.venv/bin/python" bash "$ROOT/tests/setup/build_llama_server.sh" >/dev/null
 "$ROOT/.venv/bin/python" "$ROOT/tests/setup/make_model.py" "$CACHE/models" >/dev/null
