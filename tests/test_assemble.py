@@ -283,3 +283,15 @@ def test_a_full_cache_that_evicts_only_what_is_not_needed_again_is_not_thrashing
     returning = [(t, r) for t, r in pairs if t["turn"] > 0]
     assert returning and all(r.outcome == "hit" and t["cache_n"] > 0 for t, r in returning)
     assert all(r.miss_cause != "evicted" for _, r in pairs)
+
+
+def test_equal_length_cache_entries_do_not_break_lineage():
+    """Recorded (the contention test without ids): pinned probes make llama-server save states of
+    equal length (29 tokens, two of 1224) and then remove one of them as obsolete, a line that
+    gives only the length. Which one went is read from the next list of the entries; the long
+    conversation's three turns stay one lineage group and its restore's source is known."""
+    recs, _ = replay_records(log_lines("lv4-np2-no-ids.log"))
+    rows = [t for t in truths("lv4-np2-no-ids.truth.jsonl") if t["conv"] == "long-conversation"]
+    long = [by_timings(recs, t) for t in rows]
+    assert len(rows) == 3 and len({r.conversation for r in long}) == 1
+    assert {r.conversation_source for r in long} == {"lineage"}

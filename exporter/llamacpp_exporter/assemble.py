@@ -140,6 +140,7 @@ class Assembler:
         self._listing: list[_Entry] | None = None
         self._listing_expected = 0
         self._pending_save: _Entry | None = None
+        self._removals_unplaced: list[int] = []  # lengths of obsolete removals not yet placed
         self._cache_ctx: _Selection | None = None  # selection the srv cache lines belong to
         self._cache_ctx_source: tuple[int, int] | None = None  # content being saved
         self._last_ts: int | None = None
@@ -262,7 +263,7 @@ class Assembler:
         if listing is None:
             return
         self._listing = None
-        if [e.n_tokens for e in listing] != [e.n_tokens for e in self._entries]:
+        if not self._place_removals([e.n_tokens for e in listing]):
             # lines missed (joined mid-stream, a failed allocation): start again from the listing
             self._entries = [_Entry(e.entry_id, e.n_tokens, None) for e in listing]
 
@@ -393,6 +394,8 @@ class Assembler:
             return
         # the first candidate with the printed best values (the server needs strictly better)
         candidates = sel.candidates or []
+        if self._removals_unplaced:
+            self._place_removals([c.n_tokens for c in candidates])
         k = next((i for i, c in enumerate(candidates) if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim), None)
         winner = candidates[k] if k is not None else None
         sel.restored_tokens = winner.n_tokens if winner else -1
@@ -426,10 +429,46 @@ class Assembler:
         self.sink.cache_evicted(ev.size_mib * 1048576.0)
 
     def _on_obsolete_removed(self, ev: p.ObsoleteEntryRemoved) -> None:
-        for i, e in enumerate(self._entries):
-            if e.n_tokens == ev.n_tokens:
-                del self._entries[i]
+        """An entry contained in the prompt being saved. The line gives only its length: with
+        one entry of that length it goes at once; with several, the next list of the entries
+        in order (the lookup's candidates or the listing) tells which one went."""
+        same = [i for i, e in enumerate(self._entries) if e.n_tokens == ev.n_tokens]
+        if len(same) == 1:
+            del self._entries[same[0]]
+        elif same:
+            self._removals_unplaced.append(ev.n_tokens)
+
+    def _place_removals(self, lengths: list[int]) -> bool:
+        """Drop the entries of unplaced removals so that the mirror reads as `lengths` (the
+        server's own order). If more than one choice fits, the entries of those lengths
+        forget who computed them (unknown, never a guess). False if nothing fits."""
+        pending, self._removals_unplaced = self._removals_unplaced, []
+        if not pending:
+            return [e.n_tokens for e in self._entries] == lengths
+        fits: list[tuple[int, ...]] = []
+
+        def search(start: int, todo: list[int], dropped: tuple[int, ...]) -> None:
+            if len(fits) > 1:
                 return
+            if not todo:
+                kept = [e.n_tokens for i, e in enumerate(self._entries) if i not in dropped]
+                if kept == lengths:
+                    fits.append(dropped)
+                return
+            for i, e in enumerate(self._entries):
+                if i not in dropped and e.n_tokens == todo[0]:
+                    search(i, todo[1:], (*dropped, i))
+
+        if len(pending) <= 3:
+            search(0, pending, ())
+        if not fits:
+            return False
+        if len(fits) > 1:
+            for e in self._entries:
+                if e.n_tokens in pending:
+                    e.source = None
+        self._entries = [e for i, e in enumerate(self._entries) if i not in fits[0]]
+        return True
 
     def _on_lora_cleared(self, ev: p.LoraCacheCleared) -> None:
         s = self._slot(ev.slot)
