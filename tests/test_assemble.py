@@ -295,3 +295,22 @@ def test_equal_length_cache_entries_do_not_break_lineage():
     long = [by_timings(recs, t) for t in rows]
     assert len(rows) == 3 and len({r.conversation for r in long}) == 1
     assert {r.conversation_source for r in long} == {"lineage"}
+
+
+def test_a_stray_line_with_an_earlier_timestamp_is_not_a_restart():
+    """Invented from a recorded log: one early line repeated in the middle (another writer, a
+    replayed line). Time goes back for one line only: no new epoch, no request cancelled,
+    the same records as without it."""
+    lines = log_lines("lv4-np2-text.log")
+    clean, _ = replay_records(lines)
+    stray = lines[: len(lines) // 2] + [lines[300]] + lines[len(lines) // 2 :]
+    recs, pl = replay_records(stray)
+    assert pl.metrics.restarts._value.get() == 0
+    assert pl.metrics.out_of_order._value.get() == 1
+    key = lambda r: (r.epoch, r.task, r.cancelled, r.prompt_tokens, r.reused_tokens, r.prefill_seconds)  # noqa: E731
+    assert sorted(map(key, recs)) == sorted(map(key, clean))
+    # two stray lines in a row are still noise; a restart without its banner needs three lines
+    two = lines[: len(lines) // 2] + lines[300:302] + lines[len(lines) // 2 :]
+    assert replay_records(two)[1].metrics.restarts._value.get() == 0
+    restarted = lines + [ln for ln in lines if "initializing ..." not in ln]
+    assert replay_records(restarted)[1].metrics.restarts._value.get() == 1

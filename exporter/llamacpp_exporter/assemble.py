@@ -32,6 +32,7 @@ MAX_PENDING = 256
 MAX_PREFILL_HISTORY = 32
 MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
+RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) that make a restart
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +56,7 @@ class Sink(Protocol):
     def cache_update_duration(self, seconds: float) -> None: ...
     def prefill_in_progress(self, slot: int, tokens: int) -> None: ...
     def server_restart(self) -> None: ...
+    def out_of_order_lines(self, n: int) -> None: ...
     def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
     def slots_known(self, slot_ids: list[int]) -> None: ...
     def debug_logging_seen(self) -> None: ...
@@ -126,6 +128,7 @@ class Assembler:
         self._task_conv: OrderedDict[tuple[int, int], tuple[str | None, str]] = OrderedDict()
         self._lineage_parent: OrderedDict[tuple[int, int], tuple[int, int] | None] = OrderedDict()
         self._dropped_seen = 0
+        self._held: list[tuple[p.ParsedLine, int]] = []  # lines whose time went back, see feed
         # conversation -> server time its RAM-cache entry was evicted (pushed out to make room),
         # until its next request: a miss then is thrashing, not a full cache doing its job
         self._evicted_convs: OrderedDict[str, int] = OrderedDict()
@@ -160,11 +163,43 @@ class Assembler:
 
     def flush(self) -> None:
         """End of input (replay) or shutdown: emit every record still waiting."""
+        if self._held:
+            self._release_held()  # too few to prove a restart
         self._close_listing()
         self._finalize_all()
 
     # ------------------------------------------------------------ inputs
     def feed(self, line: p.ParsedLine, now_us: int) -> None:
+        ts = line.ts_us
+        if ts is not None and self._last_ts is not None:
+            if ts < self._last_ts - EPOCH_BACKWARDS_US:
+                # time went back: a restart, or one stray line (another process writing to the
+                # same file, a replayed line). A restart shows its start banner or keeps going
+                # in the new time; until then the line is held.
+                if not isinstance(line.event, p.ServerStarting):
+                    self._held.append((line, now_us))
+                    if len(self._held) < RESTART_CONFIRM_LINES:
+                        return
+                held, self._held = self._held, []
+                self._new_epoch()
+                self._last_ts = None
+                for h, n in held:
+                    self._feed(h, n)
+                if isinstance(line.event, p.ServerStarting):
+                    self._feed(line, now_us)
+                return
+            if self._held:
+                self._release_held()
+        self._feed(line, now_us)
+
+    def _release_held(self) -> None:
+        """Time came back: the held lines were strays. They count, at the current time."""
+        held, self._held = self._held, []
+        self.sink.out_of_order_lines(len(held))
+        for h, n in held:
+            self._feed(p.ParsedLine(None, h.event), n)
+
+    def _feed(self, line: p.ParsedLine, now_us: int) -> None:
         ev = line.event
         ts = line.ts_us
         if ts is not None:

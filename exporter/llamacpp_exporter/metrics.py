@@ -227,6 +227,11 @@ class ExporterMetrics:
         self.restarts = Counter(
             "llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r
         )
+        self.out_of_order = Counter(
+            "llamacpp_exporter_log_lines_out_of_order",
+            "Lines whose timestamp went back without a restart (a stray line): counted at the current time.",
+            registry=r,
+        )
         self.records_written = Counter(
             "llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r
         )
@@ -344,6 +349,9 @@ class ExporterMetrics:
 
     def server_restart(self) -> None:
         self.restarts.inc()
+
+    def out_of_order_lines(self, n: int) -> None:
+        self.out_of_order.inc(n)
 
     def diagnostics(self, available: bool, verbosity: int | None) -> None:
         self.diag_available.set(1 if available else 0)
