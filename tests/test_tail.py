@@ -268,3 +268,75 @@ def test_copytruncate_of_a_writer_without_append_skips_the_hole(tmp_path):
     f.poll_once()
     assert c.lines[len(old) :] == ["after 1", "after 2", "after 3"] and c.oversized == 0
     writer.close()
+
+
+def _records_through_command(cmd: str, seconds: float, during=None) -> tuple[list, SourceStats, object]:
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.pipeline import Pipeline
+
+    recs: list = []
+    pl = Pipeline(CollectorRegistry(), on_record=recs.append, clock=lambda: 0.0)
+    stats = SourceStats()
+    stop = threading.Event()
+    splitter = LineSplitter(pl.process_line, pl.oversized_line, 1 << 20)
+    t = threading.Thread(target=follow_command, args=(cmd, splitter, stats, stop), daemon=True)
+    t.start()
+    if during is not None:
+        during(stats)
+    time.sleep(seconds)
+    stop.set()
+    t.join(10)
+    pl.flush()
+    return recs, stats, pl
+
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def test_a_command_that_replays_its_history_at_every_restart_counts_each_request_once():
+    """`docker logs -f` / `journalctl -f` print history when started again. A command that
+    prints a recorded 32-request log and exits, restarted for 8 s: still 32 requests."""
+    log = LOGS / "lv4-np2-text.log"
+    recs, stats, pl = _records_through_command(f"cat {log}", 8)
+    assert stats.command_restarts >= 2  # restarted, with backoff (1 s, 2 s, 4 s ...)
+    assert stats.command_restarts <= 4
+    assert len(recs) == 32 and not any(r.cancelled for r in recs)
+    assert pl.metrics.restarts._value.get() == 0
+    assert stats.replayed_lines >= 2 * len(log.read_text().splitlines()) - 10
+
+
+def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tmp_path):
+    """`tail -n 10 -F` killed three times while llama-server's recorded log is written in four
+    parts: each restart prints the last 10 lines again (earlier timestamps: a false restart and
+    requests cut short before). They are dropped; the records are those of the log read once."""
+    import signal
+
+    from test_assemble import replay_records
+
+    src = (LOGS / "lv4-np2-text.log").read_text().splitlines(keepends=True)
+    path = tmp_path / "llama.log"
+    path.write_text("")
+    expected, _ = replay_records([ln.rstrip("\n") for ln in src])
+    step = len(src) // 4 + 1
+
+    def write_and_kill(stats: SourceStats) -> None:
+        time.sleep(0.5)  # tail is following the empty file
+        for i in range(0, len(src), step):
+            with open(path, "a") as fh:
+                fh.writelines(src[i : i + step])
+            time.sleep(0.8)  # read
+            if i + step < len(src):
+                out = subprocess.run(["pgrep", "-f", f"tail -n 10 -F {path}"], capture_output=True, text=True).stdout
+                for pid in out.split():
+                    os.kill(int(pid), signal.SIGKILL)
+                restarts = stats.command_restarts
+                while stats.command_restarts == restarts:
+                    time.sleep(0.05)
+                time.sleep(4.5)  # backoff, restart, replay of the last 10 lines
+
+    recs, stats, pl = _records_through_command(f"tail -n 10 -F {path}", 1, during=write_and_kill)
+    assert stats.command_restarts == 3 and stats.replayed_lines == 30
+    assert pl.metrics.restarts._value.get() == 0
+    key = lambda r: (r.task, r.cancelled, r.prompt_tokens, r.reused_tokens)  # noqa: E731
+    assert sorted(map(key, recs)) == sorted(map(key, expected))

@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         dest="log_command",
         metavar="COMMAND",
         default=None,
-        help="command whose output is followed, e.g. 'journalctl -f -o cat -u llama-server' (restarted if it exits)",
+        help="command whose output is followed, e.g. 'journalctl -f -n 0 -o cat -u llama-server' or "
+        "'docker logs -f --tail 0 llama' (restarted with backoff if it exits; history it prints again is dropped)",
     )
     a(
         "--llama.log-from-start",

@@ -190,6 +190,11 @@ class ExporterMetrics:
             "Restarts of the --llama.log-command process after it exited.",
             registry=r,
         )
+        self.log_replayed = Counter(
+            "llamacpp_exporter_log_lines_replayed",
+            "Lines a restarted --llama.log-command printed again (history) and that were not counted twice.",
+            registry=r,
+        )
         self.last_line = Gauge(
             "llamacpp_exporter_last_log_line_timestamp_seconds",
             "Unix time at which the last log line was read.",

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import subprocess
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from typing import IO
 
@@ -24,7 +27,7 @@ class SourceStats:
 
     def __init__(self, metrics: object | None = None) -> None:
         self.metrics = metrics
-        self.rotations = self.truncations = self.read_errors = self.command_restarts = 0
+        self.rotations = self.truncations = self.read_errors = self.command_restarts = self.replayed_lines = 0
 
     def rotation(self) -> None:
         self.rotations += 1
@@ -45,6 +48,11 @@ class SourceStats:
         self.command_restarts += 1
         if self.metrics is not None:
             self.metrics.log_source_restarts.inc()  # type: ignore[attr-defined]
+
+    def replayed(self, n: int) -> None:
+        self.replayed_lines += n
+        if self.metrics is not None and n:
+            self.metrics.log_replayed.inc(n)  # type: ignore[attr-defined]
 
 
 class LineSplitter:
@@ -306,11 +314,87 @@ def follow_stream(stream: IO[bytes], splitter: LineSplitter, stop: threading.Eve
     splitter.flush()
 
 
+class ReplayGuard:
+    """A restarted log command (``journalctl -f``, ``docker logs -f``, ``tail -F``) prints
+    history again. After a restart its lines are held until the replay is over (the output
+    pauses, or the command exits), then only what follows the last lines already read is
+    passed on. If those lines are not in the replay (a new process, a rotated journal), all
+    of it is passed on, with a warning: it may then count some requests twice."""
+
+    ANCHOR_LINES = 8
+    MAX_HELD = 200_000
+
+    def __init__(self, emit: Callable[[str], None], stats: SourceStats) -> None:
+        self.emit = emit
+        self.stats = stats
+        self.recent: deque[str] = deque(maxlen=self.ANCHOR_LINES)
+        self.held: list[str] | None = None
+
+    def __call__(self, line: str) -> None:
+        if self.held is not None:
+            self.held.append(line)
+            if len(self.held) >= self.MAX_HELD:
+                self.settle()
+            return
+        self.recent.append(line)
+        self.emit(line)
+
+    def restarted(self) -> None:
+        if self.recent:
+            self.held = []
+
+    @property
+    def holding(self) -> bool:
+        return self.held is not None
+
+    def settle(self) -> None:
+        held, self.held = self.held, None
+        if held is None:
+            return
+        start = self._after_anchor(held)
+        if start is None:
+            if held:
+                log.warning(
+                    "the restarted log command printed %d lines and none of them is where it left off: "
+                    "all are read (requests may be counted twice; prefer a command that prints no "
+                    "history, e.g. journalctl -f -n 0, docker logs -f --tail 0)",
+                    len(held),
+                )
+            start = 0
+        self.stats.replayed(start)
+        for line in held[start:]:
+            self.recent.append(line)
+            self.emit(line)
+
+    def _after_anchor(self, held: list[str]) -> int | None:
+        """Index after the last place where the held lines end with the last lines read (all
+        of them, or as many as the replay's first lines allow)."""
+        anchor = list(self.recent)
+        last = anchor[-1] if anchor else None
+        for end in range(len(held), 0, -1):
+            if held[end - 1] != last:
+                continue
+            n = min(len(anchor), end)
+            if held[end - n : end] == anchor[-n:]:
+                return end
+        return None
+
+
 def follow_command(
-    command: str, splitter: LineSplitter, stats: SourceStats, stop: threading.Event, max_backoff: float = 30.0
+    command: str,
+    splitter: LineSplitter,
+    stats: SourceStats,
+    stop: threading.Event,
+    max_backoff: float = 30.0,
+    min_healthy_run: float = 60.0,
+    replay_quiet: float = 0.5,
 ) -> None:
     """Run a command (``journalctl -f ...``, ``docker logs -f ...``) and follow its stdout and
-    stderr; restart it with backoff when it exits."""
+    stderr; restart it with backoff when it exits. The backoff only resets after a run of
+    ``min_healthy_run`` seconds: a command that prints its history and exits at once is not
+    restarted every second. What a restart prints again is dropped (ReplayGuard)."""
+    guard = ReplayGuard(splitter.emit, stats)
+    splitter.emit = guard
     backoff = 1.0
     while not stop.is_set():
         try:
@@ -328,25 +412,33 @@ def follow_command(
             stop.wait(backoff)
             backoff = min(backoff * 2, max_backoff)
             continue
+        started = time.monotonic()
         log.info("following the output of the log command (pid %d)", proc.pid)
         assert proc.stdout is not None
-        got_data = False
         watcher = threading.Thread(target=_kill_on_stop, args=(proc, stop), daemon=True)
         watcher.start()
         while True:
+            if guard.holding:
+                ready, _, _ = select.select([proc.stdout], [], [], replay_quiet)
+                if not ready:
+                    guard.settle()  # the replay is over: the command now follows
+                    continue
             data = proc.stdout.read1(1 << 16)
             if not data:
                 break
-            got_data = True
             splitter.feed(data)
         splitter.flush()
+        guard.settle()
         rc = proc.wait()
         if stop.is_set():
             return
         stats.command_restart()
+        if time.monotonic() - started >= min_healthy_run:
+            backoff = 1.0
         log.warning("log command exited with status %s; restarting in %.0f s", rc, backoff)
         stop.wait(backoff)
-        backoff = 1.0 if got_data else min(backoff * 2, max_backoff)
+        backoff = min(backoff * 2, max_backoff)
+        guard.restarted()
 
 
 def _kill_on_stop(proc: subprocess.Popen, stop: threading.Event) -> None:
