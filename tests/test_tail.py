@@ -340,3 +340,28 @@ def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tm
     assert pl.metrics.restarts._value.get() == 0
     key = lambda r: (r.task, r.cancelled, r.prompt_tokens, r.reused_tokens)  # noqa: E731
     assert sorted(map(key, recs)) == sorted(map(key, expected))
+
+
+def test_a_log_without_timestamps_rewritten_past_our_offset_while_paused_is_read_again(tmp_path):
+    """llama-server restarted with --log-file and --no-log-prefix while the exporter was paused:
+    the new run's first lines read exactly like the old run's and the file is already longer
+    than the old offset. The bytes just before the offset changed: read from the start."""
+
+    def untimed(name: str) -> list[str]:
+        return [ln.split(" ", 2)[2] + "\n" for ln in (LOGS / name).read_text().splitlines() if ln[:1].isdigit()]
+
+    old, new = untimed("lv4-np1-seed-scenario.log"), untimed("lv4-np1-cancelled.log")
+    old = old[: len(old) // 2]
+    assert old[0] == new[0] and sum(map(len, new)) > sum(map(len, old))  # same start, longer
+    path = tmp_path / "llama.log"
+    path.write_text("".join(old))
+    c = Collect()
+    f, stats = follower(path, c, from_start=True)
+    f.poll_once()
+    assert len(c.lines) == len(old)
+    with open(path, "w") as fh:  # the restart truncates and the new run writes past our offset
+        fh.writelines(new)
+    assert os.path.getsize(path) > f.pos
+    f.poll_once()
+    assert stats.truncations == 1
+    assert c.lines[len(old) :] == [ln.rstrip("\n") for ln in new]

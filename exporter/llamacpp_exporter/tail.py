@@ -132,6 +132,7 @@ class FileFollower:
         self.ino: tuple[int, int] | None = None
         self.pos = 0
         self.head = b""
+        self.tail_sig = b""  # the last bytes read, ending at pos: a rewrite past pos changes them
         self._first_open = True
         self._missing_logged = False
 
@@ -158,6 +159,7 @@ class FileFollower:
         self._first_open = False
         self._missing_logged = False
         self.head = os.pread(fh.fileno(), HEAD_BYTES, 0)
+        self.tail_sig = os.pread(fh.fileno(), min(self.pos, HEAD_BYTES), self.pos - min(self.pos, HEAD_BYTES))
         log.info("following %s from offset %d", self.path, self.pos)
         return True
 
@@ -200,6 +202,10 @@ class FileFollower:
             self._truncated()
         elif self.head and size >= len(self.head) and os.pread(fd, len(self.head), 0) != self.head:
             self._truncated()
+        elif self.tail_sig and os.pread(fd, len(self.tail_sig), self.pos - len(self.tail_sig)) != self.tail_sig:
+            # truncated and written again past our offset while we were not looking: without
+            # timestamps its start can read exactly like the old run's
+            self._truncated()
 
     def _truncated(self) -> None:
         assert self.fh is not None
@@ -208,6 +214,7 @@ class FileFollower:
         self.splitter.drop()
         self.fh.seek(0)
         self.pos = 0
+        self.tail_sig = b""
         self.head = os.pread(self.fh.fileno(), HEAD_BYTES, 0)
 
     def _skip_hole(self) -> None:
@@ -221,6 +228,7 @@ class FileFollower:
         if data_at > self.pos:
             self.fh.seek(data_at)
             self.pos = data_at
+            self.tail_sig = b""
 
     def _read_available(self) -> int:
         assert self.fh is not None
@@ -239,6 +247,7 @@ class FileFollower:
                 self.head = os.pread(self.fh.fileno(), HEAD_BYTES, 0)
             self.pos += len(data)
             total += len(data)
+            self.tail_sig = (self.tail_sig + data[-HEAD_BYTES:])[-HEAD_BYTES:]
             self.splitter.feed(data)
         return total
 
