@@ -265,16 +265,17 @@ and on ({BY})
         alert(
             "LlamaCppLogParseDrift",
             f"""
-sum by ({BY}) (rate(llamacpp_exporter_log_lines_total{{{s}, result="unrecognized"}}[{pd["window"]}]))
+sum by ({BY}) (rate(llamacpp_exporter_log_lines_total{{{s}, result=~"unrecognized|unreadable"}}[{pd["window"]}]))
   / sum by ({BY}) (rate(llamacpp_exporter_log_lines_total{{{s}}}[{pd["window"]}])) > {pd["ratio"]}
 and
-sum by ({BY}) (increase(llamacpp_exporter_log_lines_total{{{s}, result="unrecognized"}}[{pd["window"]}])) > {pd["min_lines"]}
+sum by ({BY}) (increase(llamacpp_exporter_log_lines_total{{{s}, result=~"unrecognized|unreadable"}}[{pd["window"]}])) > {pd["min_lines"]}
 """,
             pd["for"],
             "warning",
             "The exporter does not recognise llama-server's log lines: its log format changed.",
             "{{ $value | humanizePercentage }} of the log lines read on {{ $labels.instance }} are not "
-            "recognised. A new llama.cpp build probably changed its log; the exporter needs an update.",
+            "recognised or not text. A new llama.cpp build probably changed its log (the exporter needs an "
+            "update), or something else writes into the log file.",
             c,
         ),
         alert(

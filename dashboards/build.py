@@ -412,10 +412,10 @@ def overview() -> dict[str, Any]:
     lay.add(
         stat(
             "Unrecognized log lines, 15 min",
-            "Log lines the exporter did not recognise in the last 15 minutes. Rising: a new llama.cpp build changed "
-            "its log.",
+            "Log lines the exporter did not recognise, or that were not text, in the last 15 minutes. Rising: a "
+            "new llama.cpp build changed its log, or something else writes into the log file.",
             "short",
-            f'sum(increase(llamacpp_exporter_log_lines_total{{{S}, result="unrecognized"}}[15m]))',
+            f'sum(increase(llamacpp_exporter_log_lines_total{{{S}, result=~"unrecognized|unreadable"}}[15m]))',
             red_above=10,
         ),
         4,
@@ -618,7 +618,8 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Log lines by result",
-            "Log lines read per second: parsed, ignored (known, not needed), unrecognized, oversized.",
+            "Log lines read per second: parsed, ignored (known, not needed), unrecognized, unreadable (not text), "
+            "oversized.",
             "short",
             [(f"sum by (result) (rate(llamacpp_exporter_log_lines_total{{{S}}}[{RI}]))", "{{result}}")],
         ),

@@ -148,3 +148,28 @@ def test_recorded_logs_have_no_unrecognized_lines(log):
         if (LOGS / log.replace(".log", ".truth.jsonl")).exists()
         else True
     )
+
+
+def test_bytes_that_are_not_text_are_unreadable_not_ignored():
+    """100 non-UTF-8 lines and random bytes: counted as unreadable (the parse-drift alert sees
+    them), never as ignored (known but unneeded)."""
+    import random
+
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.pipeline import Pipeline
+    from llamacpp_exporter.tail import LineSplitter
+
+    pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
+    splitter = LineSplitter(pl.process_line, pl.oversized_line, 1 << 20)
+    splitter.feed(b"".join(b"\xff\xfe latin-1 caf\xe9 line %d\n" % i for i in range(100)))
+    rng = random.Random(3)
+    splitter.feed(bytes(rng.getrandbits(8) for _ in range(200_000)) + b"\n")
+    splitter.feed(b"0.01.000.000 I srv  llama_server: a real line\n")
+    value = lambda r: pl.metrics.log_lines.labels(r)._value.get()  # noqa: E731
+    total = sum(value(r) for r in ("parsed", "ignored", "unrecognized", "unreadable", "oversized"))
+    # short runs of random bytes can be plain ASCII text by chance: those few read as text
+    random_lines = total - 100 - 1
+    assert value("unreadable") >= 100 + 0.97 * random_lines and value("ignored") <= 0.03 * random_lines
+    assert total == value("unreadable") + value("ignored") + value("parsed") + value("unrecognized")
+    assert not isinstance(p.parse_line("0.00.001.000 I srv  llama_server: tab\there").event, p.Unreadable)

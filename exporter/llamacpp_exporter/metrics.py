@@ -36,7 +36,7 @@ PREFILL_SECONDS_BUCKETS = (
 PREFILL_TOKENS_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
 CACHE_UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "oversized")
+LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
 ENDPOINTS = ("health", "metrics", "slots", "lora-adapters")
 
 
@@ -171,7 +171,13 @@ class ExporterMetrics:
             ["endpoint"],
             registry=r,
         )
-        self.log_lines = Counter("llamacpp_exporter_log_lines", "Log lines read, by result.", ["result"], registry=r)
+        self.log_lines = Counter(
+            "llamacpp_exporter_log_lines",
+            "Log lines read, by result: parsed, ignored (known, not needed), unrecognized (a server line whose "
+            "message is unknown: a new build), unreadable (not UTF-8 text, or binary), oversized.",
+            ["result"],
+            registry=r,
+        )
         self.log_rotations = Counter(
             "llamacpp_exporter_log_rotations", "Log file rotations (file replaced) followed.", registry=r
         )

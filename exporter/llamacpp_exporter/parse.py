@@ -262,6 +262,11 @@ class Unrecognized:
     """A line shaped like a server line whose message we do not know: a new build's log."""
 
 
+@dataclass(frozen=True, slots=True)
+class Unreadable:
+    """Not text: bytes that are not UTF-8, or control characters (a binary file, a corrupted log)."""
+
+
 Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     ServerStarting,
     Verbosity,
@@ -301,6 +306,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     DebugLine,
     Ignored,
     Unrecognized,
+    Unreadable,
 ]
 
 
@@ -312,6 +318,8 @@ class ParsedLine:
 
 IGNORED = Ignored()
 UNRECOGNIZED = Unrecognized()
+UNREADABLE = Unreadable()
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 DEBUG = DebugLine()
 REQUEST_PARAMS_READ = RequestParamsRead()
 
@@ -577,6 +585,8 @@ def parse_line(line: str) -> ParsedLine:
 def _parse_line(line: str) -> ParsedLine:
     if "\x1b" in line:
         line = _ANSI.sub("", line)
+    if "\ufffd" in line or (not line.isprintable() and _CONTROL.search(line)):
+        return ParsedLine(None, UNREADABLE)  # not UTF-8 (decoded with replacement), or binary
     if line.startswith("["):
         m = _ROUTER.match(line)
         if m:

@@ -22,7 +22,12 @@ from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 
 log = logging.getLogger(__name__)
 
-_RESULT = {parse.Ignored: "ignored", parse.Unrecognized: "unrecognized", parse.DebugLine: "ignored"}
+_RESULT = {
+    parse.Ignored: "ignored",
+    parse.Unrecognized: "unrecognized",
+    parse.Unreadable: "unreadable",
+    parse.DebugLine: "ignored",
+}
 
 
 class EventsFile:
