@@ -264,3 +264,47 @@ def test_a_loading_llama_server_is_loading_not_down(tmp_path):
     up = [i for i, (_, u) in enumerate(seen) if u]
     assert loading, "never saw the server loading"
     assert up and up[-1] > loading[-1] and not seen[-1][0]
+
+
+def test_only_llama_server_families_are_re_exported():
+    """An unprefixed family in llama-server's /metrics (a proxy's, a plugin's) is not re-exported
+    next to our own series of the same name."""
+    text = (FIX / "metrics.txt").read_text() + (
+        "# HELP llamacpp_requests_total not ours\n# TYPE llamacpp_requests_total counter\nllamacpp_requests_total 5\n"
+        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1\n"
+    )
+    names = {f.name for f in rename_server_metrics(text)}
+    assert names and all(n.startswith("llamacpp_server_") for n in names)
+
+
+def test_slot_ids_are_bounded_by_what_the_server_has():
+    """A /slots answer with 10,000 slots (or ids outside 0..n-1) adds no series."""
+    with pytest.raises(ValueError, match="more than"):
+        parse_slots([{"id": i} for i in range(10_000)])
+    snap = parse_slots([{"id": 0}, {"id": 1}, {"id": 9999}])
+    assert [s.id for s in snap.slots] == [0, 1]
+    from test_assemble import log_lines, replay_records
+
+    from llamacpp_exporter.pipeline import Pipeline
+    from llamacpp_exporter.records import SlotState
+
+    reg = CollectorRegistry()
+    pl = Pipeline(reg, clock=lambda: 0.0)
+    for line in log_lines("lv4-np2-text.log")[:400]:  # the banner says n_slots = 2
+        pl.process_line(line, 0.0)
+    pl.process_snapshot(
+        SlotsSnapshot(tuple(SlotState(i, None, False, None, None, None, None, None) for i in range(50)))
+    )
+    slots = {s.labels["slot"] for f in reg.collect() for s in f.samples if "slot" in s.labels}
+    assert slots == {"0", "1"}
+    assert replay_records(log_lines("lv4-np2-text.log"))[0]  # unchanged elsewhere
+
+
+def test_credentials_in_the_url_are_never_logged(tmp_path):
+    exp = ExporterProcess(["--llama.url", f"http://admin:hunter2secret@127.0.0.1:{free_port()}"], tmp_path).start()
+    try:
+        exp.metrics_text()
+    finally:
+        exp.stop()
+    log = exp.stderr_path.read_text()
+    assert "hunter2secret" not in log and "admin:xxxxx@127.0.0.1" in log

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .assemble import AssemblySettings
-from .config import Config, parse_listen_address, read_api_key, read_salt
+from .config import Config, parse_listen_address, read_api_key, read_salt, redact_url
 from .conversations import ConversationCosts, Pseudonymizer
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
@@ -278,7 +278,7 @@ class Exporter:
             __version__,
             host,
             self.port,
-            self.cfg.llama.url,
+            redact_url(self.cfg.llama.url),
             src,
         )
         if not self.cfg.llama.log_path and not self.cfg.llama.log_command:

@@ -30,6 +30,7 @@ JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by th
 LINEAGE_MIN_F_KEEP = 0.9
 MAX_PENDING = 256
 MAX_PREFILL_HISTORY = 32
+MAX_SLOTS = 512  # see server.MAX_SLOTS
 MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
 RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) that make a restart
@@ -119,6 +120,7 @@ class Assembler:
         self._diag: bool | None = None
         self._debug_warned = False
         self._known_slots: set[int] = set()
+        self._n_slots: int | None = None
         self._global_lora: tuple[tuple[int, float], ...] | None = None
         self._task_lora: OrderedDict[tuple[int, int], tuple[tuple[int, float], ...]] = OrderedDict()
         self._snapshot_seq = 0
@@ -342,11 +344,15 @@ class Assembler:
         self.join.start_of_process()  # every request of this process will be seen
 
     def _on_slots_initialized(self, ev: p.SlotsInitialized) -> None:
+        self._n_slots = min(ev.n_slots, MAX_SLOTS)
         self._announce_slots(range(ev.n_slots))
         self.join.n_slots = ev.n_slots
 
     def _announce_slots(self, ids) -> None:
-        new = [i for i in ids if i not in self._known_slots]
+        # bounded by what the server has (its start banner's n_slots, else a hard cap): each
+        # slot id becomes a label value
+        limit = self._n_slots if self._n_slots is not None else MAX_SLOTS
+        new = [i for i in ids if i not in self._known_slots and 0 <= i < limit]
         if new:
             self._known_slots.update(new)
             self.sink.slots_known(sorted(new))

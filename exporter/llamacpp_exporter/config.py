@@ -191,7 +191,7 @@ def validate(cfg: Config) -> Config:
     if cfg.log.format not in LOG_FORMATS:
         raise ConfigError(f"log.format: one of {', '.join(LOG_FORMATS)}")
     if not cfg.llama.url.startswith(("http://", "https://")):
-        raise ConfigError(f"llama.url: must start with http:// or https://, got {cfg.llama.url!r}")
+        raise ConfigError(f"llama.url: must start with http:// or https://, got {redact_url(cfg.llama.url)!r}")
     for key, v in (
         ("llama.timeout_seconds", cfg.llama.timeout_seconds),
         ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds),
@@ -258,3 +258,20 @@ def read_salt(cfg: ConversationsConfig) -> str | None:
         return salt
     salt = os.environ.get(cfg.salt_env, "").strip()
     return salt or None
+
+
+def redact_url(url: str) -> str:
+    """The URL as it may be logged: a password in it (http://user:pw@host) is replaced."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        host = parts.hostname or ""
+        if ":" in host:
+            host = f"[{host}]"
+        netloc = f"{parts.username}:xxxxx@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts._replace(netloc=netloc))
+    except ValueError:
+        return "<unparsable URL>"

@@ -267,6 +267,7 @@ class ExporterMetrics:
         )
         self.slots_processing.set(float("nan"))
         self.kv_usage.set(float("nan"))
+        self._slots: set[int] = set()
         self.diag_available.set(-1)
         self.verbosity.set(-1)
         self._init_series()
@@ -327,7 +328,8 @@ class ExporterMetrics:
         if rec.time_per_output_token_seconds is not None and rec.contention is not None:
             self.tpot.labels(rec.contention).observe(rec.time_per_output_token_seconds, exemplar)
         if rec.overlap_seconds:
-            self.overlap.labels(str(rec.slot)).inc(rec.overlap_seconds)
+            if rec.slot in self._slots:
+                self.overlap.labels(str(rec.slot)).inc(rec.overlap_seconds)
 
     def cache_state(self, entries: int, size_bytes: float, limit_bytes: float) -> None:
         self.cache_entries.set(entries)
@@ -345,9 +347,11 @@ class ExporterMetrics:
         self.cache_update.observe(seconds)
 
     def prefill_in_progress(self, slot: int, tokens: int) -> None:
-        self.prefill_in_progress_gauge.labels(str(slot)).set(tokens)
+        if slot in self._slots:  # a slot id the server announced: labels stay bounded
+            self.prefill_in_progress_gauge.labels(str(slot)).set(tokens)
 
     def slots_known(self, slot_ids: list[int]) -> None:
+        self._slots.update(slot_ids)
         for i in slot_ids:
             self.overlap.labels(str(i))
             self.prefill_in_progress_gauge.labels(str(i))

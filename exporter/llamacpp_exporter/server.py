@@ -34,6 +34,9 @@ LORA_ADAPTERS_INTERVAL = 60.0
 
 
 # ---------------------------------------------------------------- pure parsers
+MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
+
+
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
@@ -42,10 +45,14 @@ def parse_slots(obj: Any) -> SlotsSnapshot:
     """``/slots`` JSON -> numeric slot states. Text fields (prompt, generated) are never read."""
     if not isinstance(obj, list):
         raise ValueError("/slots did not return a list")
+    if len(obj) > MAX_SLOTS:
+        raise ValueError(f"/slots listed {len(obj)} slots, more than {MAX_SLOTS}")
     slots = []
     for el in obj:
         if not isinstance(el, dict) or _int(el.get("id")) is None:
             continue
+        if not 0 <= el["id"] < len(obj):
+            continue  # llama-server numbers its slots 0..n-1; another id would be a new series
         params = el.get("params") if isinstance(el.get("params"), dict) else {}
         lora_raw = params.get("lora") if params else None
         lora: tuple[tuple[int, float], ...] | None = None
@@ -106,6 +113,8 @@ def rename_server_metrics(text: str) -> list[Metric]:
     # the client parser appends _total to counter samples that lack it: note the real names
     raw_names = {ln.split("{", 1)[0].split(" ", 1)[0] for ln in text.splitlines() if ln and ln[0] != "#"}
     for fam in text_string_to_metric_families(text):
+        if not fam.name.startswith("llamacpp:"):
+            continue  # only llama-server's own families: anything else could clash with ours
         name = fam.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_")
         typ = fam.type
         samples = [
