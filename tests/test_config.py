@@ -119,3 +119,43 @@ def test_api_key_from_file_or_env_never_printed(tmp_path):
     assert "s3cr3t" not in res.stdout + res.stderr
     missing = cli("--config.check", "--llama.api-key-file", str(tmp_path / "nope"))
     assert missing.returncode == 1 and "api_key_file" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (["--llama.poll-interval", "inf"], "llama.poll_interval_seconds"),
+        (["--llama.timeout", "nan"], "llama.timeout_seconds"),
+        (["--llama.log-poll-interval", "inf"], "llama.log_poll_interval_seconds"),
+        (["--llama.log-poll-interval", "1e-9"], "llama.log_poll_interval_seconds"),
+        (["--llama.url", "http://[::1"], "llama.url"),
+        (["--llama.url", "http://host:99999"], "llama.url"),
+        (["--web.telemetry-path", "/metrics?x"], "web.telemetry_path"),
+        (["--web.listen-address", "[::1:10938"], "web.listen_address"),
+    ],
+)
+def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args, key):
+    res = cli("--config.check", *args)
+    assert res.returncode == 1 and key in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("llama:\n  poll_interval_seconds: .inf\n", "llama.poll_interval_seconds"),
+        ("llama:\n  timeout_seconds: .nan\n", "llama.timeout_seconds"),
+        ("cache:\n  hit_ratio: .nan\n", "cache"),
+    ],
+)
+def test_infinite_and_nan_in_the_file_are_rejected(tmp_path, text, key):
+    f = tmp_path / "c.yaml"
+    f.write_text(text)
+    res = cli("--config.check", "--config.file", str(f))
+    assert res.returncode == 1 and key in res.stderr and "Traceback" not in res.stderr, res.stderr
+
+
+def test_a_binary_config_file_is_a_clear_error(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_bytes(bytes(range(256)) * 4)
+    res = cli("--config.check", "--config.file", str(f))
+    assert res.returncode == 1 and "configuration error" in res.stderr and "Traceback" not in res.stderr

@@ -219,9 +219,11 @@ def test_ready_reports_a_stopped_log_follower(tmp_path):
     try:
         url = f"http://127.0.0.1:{exp.port}/-/ready"
         assert httpx.get(url).status_code == 200
+        assert "llamacpp_exporter_ready 1.0" in httpx.get(f"http://127.0.0.1:{exp.port}/metrics").text
         exp._source_failed = True  # what _source() sets when the follower raised
         r = httpx.get(url)
         assert r.status_code == 503 and "log-source" in r.text
+        assert "llamacpp_exporter_ready 0.0" in httpx.get(f"http://127.0.0.1:{exp.port}/metrics").text
     finally:
         exp.shutdown()
 

@@ -196,6 +196,11 @@ class Exporter:
             registry=self.registry,
         ).labels(__version__, platform.python_version()).set(1)
         self._source_failed = False
+        Gauge(
+            "llamacpp_exporter_ready",
+            "1 while the log follower, the pipeline and the poller run (as /-/ready), 0 when one has stopped.",
+            registry=self.registry,
+        ).set_function(lambda: 0.0 if self.not_running() else 1.0)
         self.stats = SourceStats(self.metrics)
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None

@@ -7,9 +7,11 @@ The command line overrides the file; the file overrides the defaults.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -165,6 +167,8 @@ def load_file(path: str) -> Config:
         raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not text (UTF-8 YAML expected)") from None
     if isinstance(data, dict) and isinstance(data.get("log"), dict):
         for old, new in _MOVED.items():
             if old in data["log"]:
@@ -192,13 +196,29 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"log.format: one of {', '.join(LOG_FORMATS)}")
     if not cfg.llama.url.startswith(("http://", "https://")):
         raise ConfigError(f"llama.url: must start with http:// or https://, got {redact_url(cfg.llama.url)!r}")
-    for key, v in (
-        ("llama.timeout_seconds", cfg.llama.timeout_seconds),
-        ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds),
-        ("llama.log_poll_interval_seconds", cfg.llama.log_poll_interval_seconds),
+    try:
+        parts = urlsplit(cfg.llama.url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as e:
+        raise ConfigError(f"llama.url: not a URL ({e}): {redact_url(cfg.llama.url)!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"llama.url: no host in {redact_url(cfg.llama.url)!r}")
+    # finite and within what makes sense: inf or nan would stop a thread, 1e-9 would spin it
+    for key, v, lo, hi in (
+        ("llama.timeout_seconds", cfg.llama.timeout_seconds, 0.1, 300.0),
+        ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds, 0.05, 3600.0),
+        ("llama.log_poll_interval_seconds", cfg.llama.log_poll_interval_seconds, 0.01, 60.0),
+        ("conversations.window_seconds", cfg.conversations.window_seconds, 60.0, 7 * 86400.0),
     ):
-        if v <= 0:
-            raise ConfigError(f"{key}: must be positive, got {v}")
+        if not (math.isfinite(v) and lo <= v <= hi):
+            raise ConfigError(f"{key}: must be a number between {lo:g} and {hi:g}, got {v}")
+    for key, f in (
+        ("cache.hit_ratio", cfg.cache.hit_ratio),
+        ("cache.miss_ratio", cfg.cache.miss_ratio),
+        ("contention.fraction", cfg.contention.fraction),
+    ):
+        if not math.isfinite(f):
+            raise ConfigError(f"{key}: must be a finite number, got {f}")
     if cfg.llama.log_max_line_bytes < 1024:
         raise ConfigError("llama.log_max_line_bytes: must be at least 1024")
     c = cfg.cache
@@ -216,13 +236,18 @@ def validate(cfg: Config) -> Config:
     if cv.max_tracked < cv.top:
         raise ConfigError("conversations.max_tracked: must be at least conversations.top")
     parse_listen_address(cfg.web.listen_address)
-    if not cfg.web.telemetry_path.startswith("/") or cfg.web.telemetry_path == "/":
-        raise ConfigError("web.telemetry_path: must start with / and not be /")
+    tp = cfg.web.telemetry_path
+    if not tp.startswith("/") or tp == "/" or any(c in tp for c in "?#% ") or tp.startswith("/-/"):
+        raise ConfigError(
+            f"web.telemetry_path: a plain path that starts with / (not /, /-/..., no ?, #, % or space), got {tp!r}"
+        )
     return cfg
 
 
 def parse_listen_address(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
+    if host.startswith("[") != host.endswith("]"):
+        raise ConfigError(f"web.listen_address: unbalanced brackets in {addr!r}")
     if not sep or not port.isdigit() or not (0 <= int(port) <= 65535):
         raise ConfigError(f"web.listen_address: expected HOST:PORT or :PORT, got {addr!r}")
     host = host.strip("[]")

@@ -263,7 +263,11 @@ class ServerPoller:
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_full:
-                self.poll_all_once()
+                try:
+                    self.poll_all_once()
+                except Exception:  # a bug here must not stop polling and freeze every value
+                    log.exception("polling llama-server failed")
+                    self.metrics.scrape_errors.labels("health").inc()
                 next_full = now + self.interval
             woken = self._wake.wait(timeout=max(0.0, min(next_full - time.monotonic(), self.interval)))
             if stop.is_set():
