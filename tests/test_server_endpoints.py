@@ -75,6 +75,7 @@ class FakeBehaviour:
     delay = 0.0
     status = 200
     slots_body = b"[]"
+    drip: set[str] = set()  # paths answered one byte at a time, 0.2 s apart
 
 
 def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
@@ -93,7 +94,13 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             try:
-                self.wfile.write(body)
+                if self.path in behaviour.drip:
+                    for i in range(len(body)):
+                        self.wfile.write(body[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                else:
+                    self.wfile.write(body)
             except OSError:
                 pass
 
@@ -310,3 +317,57 @@ def test_credentials_in_the_url_are_never_logged(tmp_path):
         exp.stop()
     log = exp.stderr_path.read_text()
     assert "hunter2secret" not in log and "admin:xxxxx@127.0.0.1" in log
+
+
+def test_an_oversized_answer_is_dropped_and_counted_not_buffered():
+    class B(FakeBehaviour):
+        slots_body = b"[" + b'{"id": 0, "x": "' + b"a" * (50 << 20) + b'"}]'
+
+    srv, url = serve(B)
+    try:
+        poller, reg, got = poller_for(url, timeout=5)
+        assert poller.poll_slots_once() is None
+        assert reg.get_sample_value("llamacpp_exporter_answers_oversized_total", {"endpoint": "slots"}) == 1
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "slots"}) == 0
+        assert got == [SlotsSnapshot(())]
+    finally:
+        srv.shutdown()
+
+
+def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monkeypatch):
+    """/health dripping a byte every 0.2 s: down after the 0.3 s deadline, not when the answer
+    ends. /slots dripping: given up after its own deadline, while /health, polled on its own
+    thread, keeps reporting the truth."""
+    import llamacpp_exporter.server as server_mod
+
+    monkeypatch.setattr(server_mod, "QUEUED_READ_TIMEOUT", 1.0)
+
+    class B(FakeBehaviour):
+        drip = {"/health"}
+
+    srv, url = serve(B)
+    try:
+        poller, reg, _ = poller_for(url, timeout=0.3)
+        t0 = time.monotonic()
+        poller.poll_health_once()
+        assert time.monotonic() - t0 < 1.0
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 0
+        B.drip = {"/slots"}
+        B.slots_body = b"[" + b" " * 100 + b"]"
+        stop = threading.Event()
+        threads = [
+            threading.Thread(target=poller.run, args=(stop,)),
+            threading.Thread(target=poller.run_health, args=(stop,)),
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.8)  # /slots is still dripping: /health is up all the same
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 1
+        assert reg.get_sample_value("llamacpp_exporter_last_success_timestamp_seconds", {"endpoint": "health"}) > 0
+        time.sleep(1.5)
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "slots"}) == 0  # deadline, not 20 s later
+        stop.set()
+        for t in threads:
+            t.join(5)
+    finally:
+        srv.shutdown()

@@ -272,6 +272,7 @@ class Exporter:
             ("pipeline", self._process),
             ("log-source", self._source),
             ("poller", lambda: self.poller.run(self.stop)),
+            ("health-poller", lambda: self.poller.run_health(self.stop)),
             ("http", self.httpd.serve_forever),
         ):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -294,7 +295,7 @@ class Exporter:
     def not_running(self) -> list[str]:
         """Threads that should run and do not (for /-/ready). A log source that ended because
         its input ended (standard input closed) is not a failure."""
-        dead = [t.name for t in self.threads if t.name in ("pipeline", "poller") and not t.is_alive()]
+        dead = [t.name for t in self.threads if t.name in ("pipeline", "poller", "health-poller") and not t.is_alive()]
         if self._source_failed:
             dead.append("log-source")
         return dead

@@ -165,6 +165,18 @@ class ExporterMetrics:
         self.scrape_errors = Counter(
             "llamacpp_exporter_scrape_errors", "Failed requests to llama-server endpoints.", ["endpoint"], registry=r
         )
+        self.answers_oversized = Counter(
+            "llamacpp_exporter_answers_oversized",
+            "Answers of llama-server endpoints dropped because they exceeded the exporter's size cap.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "llamacpp_exporter_last_success_timestamp_seconds",
+            "Unix time of the last successful request to each llama-server endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
         self.scrape_duration = Gauge(
             "llamacpp_exporter_scrape_duration_seconds",
             "Duration of the last request to each llama-server endpoint.",

@@ -30,6 +30,32 @@ SERVER_PREFIX = "llamacpp_server_"
 # them, which the conversation join would have to tell apart from a cancelled request; and
 # polling happens off the scrape path, so waiting costs nothing. /health never waits.
 QUEUED_READ_TIMEOUT = 60.0
+# Largest answer read from each endpoint: a bigger one is dropped and counted, never buffered
+# whole (a 512-slot /slots answer with long prompts is a few MB).
+MAX_ANSWER_BYTES = {"health": 64 << 10, "metrics": 4 << 20, "slots": 32 << 20, "lora-adapters": 1 << 20}
+
+
+class _Answer:
+    """The part of an HTTP answer the poller uses, read under a size cap and a deadline."""
+
+    def __init__(self, status_code: int, content: bytes) -> None:
+        self.status_code = status_code
+        self.content = content
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.content)
+
+
+class _Refused(Exception):
+    """Answer too big, or too slow in total."""
+
+
 LORA_ADAPTERS_INTERVAL = 60.0
 
 
@@ -165,6 +191,7 @@ class ServerPoller:
         self.on_snapshot = on_snapshot
         self.on_adapters = on_adapters
         self.connect_timeout = min(timeout, 1.0)
+        self.timeout = timeout
         self._next_adapters = 0.0
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -175,15 +202,34 @@ class ServerPoller:
     def request_slots_poll(self) -> None:
         self._wake.set()
 
-    def _get(self, endpoint: str, path: str) -> httpx.Response | None:
+    def _get(self, endpoint: str, path: str) -> _Answer | None:
         t0 = time.monotonic()
-        timeout = None if endpoint == "health" else httpx.Timeout(QUEUED_READ_TIMEOUT, connect=self.connect_timeout)
+        # /health must answer at once; the others may queue behind tasks inside llama-server,
+        # which costs nothing off the scrape path, but never longer than the deadline in total:
+        # a server that answers a byte a second does not keep a stale value alive
+        deadline = self.timeout if endpoint == "health" else QUEUED_READ_TIMEOUT
+        timeout = httpx.Timeout(deadline, connect=self.connect_timeout)
+        cap = MAX_ANSWER_BYTES.get(endpoint, 1 << 20)
+        r: _Answer | None = None
         try:
-            r = self.client.get(path, timeout=timeout) if timeout else self.client.get(path)
+            with self.client.stream("GET", path, timeout=timeout) as resp:
+                body = bytearray()
+                for chunk in resp.iter_bytes():
+                    body += chunk
+                    if len(body) > cap:
+                        self.metrics.answers_oversized.labels(endpoint).inc()
+                        raise _Refused(f"answer larger than {cap} bytes")
+                    if time.monotonic() - t0 > deadline:
+                        raise _Refused(f"answer took longer than {deadline:g} s")
+                r = _Answer(resp.status_code, bytes(body))
             ok = r.status_code == 200
             err = None if ok else f"HTTP {r.status_code}"
+        except _Refused as e:
+            r, ok, err = None, False, str(e)
         except httpx.HTTPError as e:
             r, ok, err = None, False, type(e).__name__
+        if ok:
+            self.metrics.last_success.labels(endpoint).set(time.time())
         self.metrics.scrape_duration.labels(endpoint).set(time.monotonic() - t0)
         self.metrics.up.labels(endpoint).set(1 if ok else 0)
         if endpoint == "health":
@@ -242,8 +288,21 @@ class ServerPoller:
         with self._lock:
             self.server_families = fams
 
-    def poll_all_once(self) -> None:
+    def poll_health_once(self) -> None:
         self._get("health", "/health")
+
+    def run_health(self, stop: threading.Event) -> None:
+        """/health on its own thread: a slow /slots or /metrics never delays it."""
+        while not stop.is_set():
+            try:
+                self.poll_health_once()
+            except Exception:
+                log.exception("polling llama-server's /health failed")
+            stop.wait(self.interval)
+
+    def poll_all_once(self, include_health: bool = True) -> None:
+        if include_health:
+            self.poll_health_once()
         if self.poll_metrics:
             self.poll_metrics_once()
         r = None
@@ -264,7 +323,7 @@ class ServerPoller:
             now = time.monotonic()
             if now >= next_full:
                 try:
-                    self.poll_all_once()
+                    self.poll_all_once(include_health=False)
                 except Exception:  # a bug here must not stop polling and freeze every value
                     log.exception("polling llama-server failed")
                     self.metrics.scrape_errors.labels("health").inc()
