@@ -371,3 +371,21 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
             t.join(5)
     finally:
         srv.shutdown()
+
+
+def test_a_burst_of_parallel_scrapes_is_answered(tmp_path):
+    """400 scrapes, 200 at a time (many Prometheus servers, a dashboard refresh storm)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}"], tmp_path).start()
+    try:
+
+        def scrape(_: int) -> int:
+            with httpx.Client(timeout=20) as c:
+                return c.get(exp.url + "/metrics").status_code
+
+        with ThreadPoolExecutor(200) as pool:
+            codes = list(pool.map(scrape, range(400)))
+    finally:
+        exp.stop()
+    assert codes.count(200) == 400

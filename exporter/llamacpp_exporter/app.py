@@ -72,6 +72,7 @@ class _ServerFamilies(Collector):
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: socketserver's 5 drops connections under a burst of scrapes
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that failed the TLS handshake or hung up: not the exporter's error
