@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -32,16 +33,27 @@ from prometheus_client.registry import Collector
 
 from . import __version__
 from .assemble import AssemblySettings
-from .config import Config, parse_listen_address, read_api_key, read_salt, redact_url
+from .config import Config, parse_listen_address, position_file, read_api_key, read_salt, redact_url
 from .conversations import ConversationCosts, Pseudonymizer
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
 from .server import ServerPoller
-from .tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_file, follow_stream
+from .tail import (
+    FileFollower,
+    LineSplitter,
+    LogPosition,
+    SourceStats,
+    follow_command,
+    follow_file,
+    follow_stream,
+    load_position,
+    save_position,
+)
 from .web import WebSecurity, load_web_config
 
 log = logging.getLogger(__name__)
 
+POSITION_SAVE_INTERVAL = 1.0  # seconds; and at every orderly stop
 _STOP = object()
 _OVERSIZED = object()
 
@@ -197,6 +209,11 @@ class Exporter:
             registry=self.registry,
         ).labels(__version__, platform.python_version()).set(1)
         self._source_failed = False
+        self.position_path = position_file(cfg) if cfg.llama.log_path and cfg.llama.log_path != "-" else None
+        self._position: LogPosition | None = None
+        self._position_saved = 0.0
+        self._records_at_save = 0
+        self._position_error_logged = False
         Gauge(
             "llamacpp_exporter_ready",
             "1 while the log follower, the pipeline and the poller run (as /-/ready), 0 when one has stopped.",
@@ -228,7 +245,14 @@ class Exporter:
                 follow_stream(sys.stdin.buffer, splitter, self.stop)
                 log.info("standard input closed")
             elif lc.log_path:
-                follower = FileFollower(lc.log_path, splitter, self.stats, from_start=lc.log_from_start)
+                follower = FileFollower(
+                    lc.log_path,
+                    splitter,
+                    self.stats,
+                    from_start=lc.log_from_start,
+                    resume=load_position(self.position_path) if self.position_path else None,
+                    on_position=self._put if self.position_path else None,
+                )
                 follow_file(follower, self.stop, lc.log_poll_interval_seconds)
         except Exception:
             log.exception("log source failed")
@@ -249,7 +273,18 @@ class Exporter:
                 pl.process_adapters(item)
             elif item is _OVERSIZED:
                 pl.oversized_line()
+            elif isinstance(item, LogPosition):
+                # every line before it has been processed: what a restart may skip
+                self._position = item
+                # saved at once when records went out since the last save (a restart must not
+                # emit them again), else at most once a second
+                if (
+                    pl.sink.records_out != self._records_at_save
+                    or time.monotonic() - self._position_saved >= POSITION_SAVE_INTERVAL
+                ):
+                    self._save_position()
         pl.flush()
+        self._save_position()
 
     def start(self) -> None:
         host, port = parse_listen_address(self.cfg.web.listen_address)
@@ -292,6 +327,18 @@ class Exporter:
             log.warning(
                 "no log source (--llama.log-path or --llama.log-command): only llama-server's endpoints are exported"
             )
+
+    def _save_position(self) -> None:
+        if self.position_path is None or self._position is None:
+            return
+        self._position_saved = time.monotonic()
+        self._records_at_save = self.pipeline.sink.records_out
+        try:
+            save_position(self.position_path, self._position)
+        except OSError as e:
+            if not self._position_error_logged:
+                log.warning("cannot save the log position to %s: %s", self.position_path, e.strerror)
+                self._position_error_logged = True
 
     def not_running(self) -> list[str]:
         """Threads that should run and do not (for /-/ready). A log source that ended because

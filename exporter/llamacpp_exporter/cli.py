@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         "'docker logs -f --tail 0 llama' (restarted with backoff if it exits; history it prints again is dropped)",
     )
     a(
+        "--llama.log-position-file",
+        dest="log_position_file",
+        metavar="FILE",
+        default=None,
+        help="where the read position in --llama.log-path is kept, so that a restarted exporter reads on where it "
+        "stopped (default: next to --events.path; without either, a restart starts at the log's end)",
+    )
+    a(
         "--llama.log-from-start",
         dest="from_start",
         action="store_true",
@@ -239,6 +247,7 @@ def config_from_args(args: argparse.Namespace) -> Config:
         log_path=args.log_path,
         log_command=args.log_command,
         log_from_start=args.from_start,
+        log_position_file=args.log_position_file,
         log_poll_interval_seconds=args.log_poll,
     )
     cfg = override(cfg, "log", level=args.log_level, format=args.log_format)

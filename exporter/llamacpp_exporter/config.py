@@ -50,6 +50,8 @@ class LlamaConfig:
     log_from_start: bool = False
     log_poll_interval_seconds: float = 0.25
     log_max_line_bytes: int = 1 << 20
+    # where the read position is kept across exporter restarts; default: next to events.path
+    log_position_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -300,3 +302,12 @@ def redact_url(url: str) -> str:
         return urlunsplit(parts._replace(netloc=netloc))
     except ValueError:
         return "<unparsable URL>"
+
+
+def position_file(cfg: Config) -> str | None:
+    """The file that keeps the read position of llama.log_path across restarts."""
+    if cfg.llama.log_position_file:
+        return cfg.llama.log_position_file
+    if cfg.events.path:
+        return cfg.events.path + ".log-position"
+    return None

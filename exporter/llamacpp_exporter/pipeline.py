@@ -69,8 +69,10 @@ class _Sink:
         self.metrics = metrics
         self.events = events
         self.extra = extra
+        self.records_out = 0
 
     def request(self, record: RequestRecord) -> None:
+        self.records_out += 1
         self.metrics.request(record)
         if self.events is not None:
             self.events.write(record)
@@ -121,8 +123,9 @@ class Pipeline:
         self.metrics = ExporterMetrics(registry, costs or ConversationCosts(clock=clock))
         self.events = EventsFile(events_path, self.metrics) if events_path else None
         self.clock = clock
+        self.sink = _Sink(self.metrics, self.events, on_record)
         self.assembler = Assembler(
-            _Sink(self.metrics, self.events, on_record),  # type: ignore[arg-type]
+            self.sink,  # type: ignore[arg-type]
             settings,
             slots_polled=slots_polled,
             request_poll=request_poll,

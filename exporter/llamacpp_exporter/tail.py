@@ -7,6 +7,7 @@ oversized, so one runaway line cannot exhaust memory.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
@@ -15,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import IO
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,46 @@ class LineSplitter:
         self.skipping = False
 
 
+@dataclass(frozen=True)
+class LogPosition:
+    """Where the exporter is in the log: the file (path and identity), the offset of the end of
+    the last complete line, and the bytes before it (to tell the same file from a rewrite)."""
+
+    path: str
+    dev: int
+    ino: int
+    offset: int
+    sig: bytes
+
+    def to_json(self) -> str:
+        d = {"path": self.path, "dev": self.dev, "ino": self.ino, "offset": self.offset, "sig": self.sig.hex()}
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text: str) -> LogPosition:
+        d = json.loads(text)
+        return cls(str(d["path"]), int(d["dev"]), int(d["ino"]), int(d["offset"]), bytes.fromhex(d["sig"]))
+
+
+def load_position(path: str) -> LogPosition | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return LogPosition.from_json(fh.read())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("ignoring the saved log position %s: %s", path, e)
+        return None
+
+
+def save_position(path: str, pos: LogPosition) -> None:
+    """Atomically: a crash leaves the old position or the new one, never half of one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(pos.to_json())
+    os.replace(tmp, path)
+
+
 class FileFollower:
     """Follows a file by name: rotation (rename + new file), copytruncate, truncation in
     place (llama-server's --log-file at every restart), a file that does not exist yet,
@@ -122,8 +164,12 @@ class FileFollower:
         stats: SourceStats,
         from_start: bool = False,
         chunk_bytes: int = 1 << 20,
+        resume: LogPosition | None = None,
+        on_position: Callable[[LogPosition], None] | None = None,
     ) -> None:
         self.path = path
+        self.resume = resume
+        self.on_position = on_position
         self.splitter = splitter
         self.stats = stats
         self.from_start = from_start
@@ -152,16 +198,41 @@ class FileFollower:
         st = os.fstat(fh.fileno())
         self.fh = fh
         self.ino = (st.st_dev, st.st_ino)
-        if self._first_open and not self.from_start:
+        how = "its start"
+        if self._first_open and self.resume is not None and self.resume.path == self.path:
+            self.pos, how = self._resumed(fh, st)
+        elif self._first_open and not self.from_start:
             self.pos = fh.seek(0, os.SEEK_END)
+            how = "its end (no saved position: lines written while the exporter was down are not read)"
         else:
             self.pos = 0
+        fh.seek(self.pos)
         self._first_open = False
         self._missing_logged = False
         self.head = os.pread(fh.fileno(), HEAD_BYTES, 0)
         self.tail_sig = os.pread(fh.fileno(), min(self.pos, HEAD_BYTES), self.pos - min(self.pos, HEAD_BYTES))
-        log.info("following %s from offset %d", self.path, self.pos)
+        log.info("following %s from offset %d: %s", self.path, self.pos, how)
         return True
+
+    def _resumed(self, fh: IO[bytes], st: os.stat_result) -> tuple[int, str]:
+        r = self.resume
+        assert r is not None
+        if (st.st_dev, st.st_ino) != (r.dev, r.ino):
+            return 0, "its start (the file was replaced while the exporter was down: all of it is new)"
+        n = min(r.offset, HEAD_BYTES)
+        same = st.st_size >= r.offset and (n == 0 or os.pread(fh.fileno(), n, r.offset - n) == r.sig[-n:])
+        if same:
+            return r.offset, "the saved position (nothing read twice, nothing skipped)"
+        return 0, "its start (the file was truncated while the exporter was down)"
+
+    def position(self) -> LogPosition | None:
+        """After the last complete line handed on (a partial last line is read again)."""
+        if self.fh is None or self.ino is None:
+            return None
+        offset = self.pos - len(self.splitter.buf)
+        n = min(offset, HEAD_BYTES)
+        sig = os.pread(self.fh.fileno(), n, offset - n) if n else b""
+        return LogPosition(self.path, self.ino[0], self.ino[1], offset, sig)
 
     def poll_once(self) -> int:
         """Read what is new. Returns the number of bytes read."""
@@ -171,6 +242,10 @@ class FileFollower:
         self._check_truncated()
         n = self._read_available()
         if n:
+            if self.on_position is not None:
+                pos = self.position()
+                if pos is not None:
+                    self.on_position(pos)
             return n
         try:
             pst = os.stat(self.path)
