@@ -1,0 +1,72 @@
+"""Privacy against a real llama-server at -lv 3, -lv 4 and -lv 5: a canary in the prompts, in
+the completions (forced by a grammar) and in the conversation ids never reaches /metrics, the
+events file, /api/v1/conversations, `top`, or the exporter's own log (at debug level)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
+
+pytestmark = pytest.mark.real_server
+
+CANARY = "zebracanary"
+
+
+@pytest.mark.parametrize("verbosity", [3, 4, 5])
+def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
+    server = LlamaServer(
+        llama_server_binary(), *model_files(), tmp_path / "server", n_parallel=1, ctx=2048, verbosity=verbosity
+    ).start()
+    events = tmp_path / "events.jsonl"
+    exp = ExporterProcess(
+        ["--llama.url", server.url, "--llama.log-path", str(server.log_path), "--events.path", str(events),
+         "--log.level", "debug"],
+        tmp_path / "exp",
+    ).start()  # fmt: skip
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as c:
+            for turn in range(2):
+                body = {
+                    "messages": [{"role": "user", "content": f"say {CANARY} {turn} {CANARY}"}],
+                    "max_tokens": 8,
+                    "grammar": f'root ::= "{CANARY}"',  # the completion is the canary
+                }
+                r = c.post("/v1/chat/completions", json=body, headers={"X-Conversation-Id": f"user-{CANARY}-{turn}"})
+                r.raise_for_status()
+                assert CANARY in r.json()["choices"][0]["message"]["content"]
+        assert CANARY in server.log_path.read_text(errors="replace") or verbosity < 4  # the server's log has it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and (not events.exists() or events.read_text().count("\n") < 2):
+            time.sleep(0.2)
+        outputs = {
+            "metrics": httpx.get(exp.url + "/metrics").text,
+            "openmetrics": httpx.get(exp.url + "/metrics", headers={"Accept": "application/openmetrics-text"}).text,
+            "api": httpx.get(exp.url + "/api/v1/conversations").text,
+            "top": subprocess.run(
+                [sys.executable, "-m", "llamacpp_exporter", "top", "--once", "--url", exp.url],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout,  # fmt: skip
+            "top json": subprocess.run(
+                [sys.executable, "-m", "llamacpp_exporter", "top", "--once", "--format", "json", "--url", exp.url],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            ).stdout,  # fmt: skip
+        }
+    finally:
+        exp.stop()
+        server.stop()
+    outputs["events"] = events.read_text()
+    outputs["exporter log"] = exp.stderr_path.read_text()
+    assert outputs["events"].count("\n") == 2
+    for name, out in outputs.items():
+        assert CANARY not in out, name
+    if verbosity == 5:
+        assert "llamacpp_exporter_server_debug_logging 1.0" in outputs["metrics"]
