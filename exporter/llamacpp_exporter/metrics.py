@@ -250,6 +250,12 @@ class ExporterMetrics:
         self.restarts = Counter(
             "llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r
         )
+        self.internal_errors = Counter(
+            "llamacpp_exporter_internal_errors",
+            "Log events the exporter failed to assemble (a bug: please report it). The line is counted in "
+            "llamacpp_exporter_log_lines_total as read; its event is skipped.",
+            registry=r,
+        )
         self.out_of_order = Counter(
             "llamacpp_exporter_log_lines_out_of_order",
             "Lines whose timestamp went back without a restart (a stray line): counted at the current time.",

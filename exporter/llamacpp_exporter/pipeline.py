@@ -142,7 +142,7 @@ class Pipeline:
             self.assembler.feed(parsed, int(t * 1_000_000))
         except Exception:  # an assembler bug must not stop the exporter; count and go on
             log.exception("internal error while assembling a log event (line skipped)")
-            self.metrics.log_lines.labels("unrecognized").inc()
+            self.metrics.internal_errors.inc()
 
     def oversized_line(self) -> None:
         self.metrics.line_read("oversized")

@@ -1,0 +1,95 @@
+"""Fuzzing the parser and the assembler (hypothesis, bounded in time): arbitrary text and
+mutations of real lines. No exception escapes, and every line is accounted for once, as
+parsed, ignored, unreadable or unrecognized."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
+
+from llamacpp_exporter import parse as p
+from llamacpp_exporter.pipeline import Pipeline
+from llamacpp_exporter.records import SlotsSnapshot, SlotState
+from llamacpp_exporter.tail import LineSplitter
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+REAL = [
+    ln
+    for name in ("lv4-np2-text.log", "lv4-np2-jsonl.log", "lv4-np1-seed-scenario.log", "lv4-np1-cache-thrashing.log")
+    for ln in (LOGS / name).read_text(errors="replace").splitlines()
+]
+RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
+FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@st.composite
+def mutated_line(draw) -> str:
+    line = draw(st.sampled_from(REAL))
+    for _ in range(draw(st.integers(0, 4))):
+        i = draw(st.integers(0, len(line)))
+        op = draw(st.sampled_from(["insert", "delete", "replace", "cut", "digits"]))
+        if op == "insert":
+            line = line[:i] + draw(st.text(max_size=5)) + line[i:]
+        elif op == "delete":
+            line = line[:i] + line[i + draw(st.integers(1, 5)) :]
+        elif op == "replace":
+            line = line[:i] + draw(st.characters()) + line[i + 1 :]
+        elif op == "cut":
+            line = line[:i]
+        else:  # numbers are where parsers break: huge, negative, odd
+            line = line[:i] + draw(st.sampled_from(["-1", "99999999999999999999", "1e308", "nan", "0"])) + line[i:]
+    return line
+
+
+def counted(pl: Pipeline) -> float:
+    return sum(pl.metrics.log_lines.labels(r)._value.get() for r in RESULTS)
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_parser_never_raises_on_any_text(line):
+    ev = p.parse_line(line).event
+    assert ev is not None
+
+
+@FUZZ
+@given(st.lists(mutated_line(), min_size=1, max_size=60))
+def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines):
+    pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
+    for i, line in enumerate(lines):
+        pl.process_line(line, i * 0.01)
+    pl.flush()
+    assert counted(pl) == len(lines)
+    assert pl.metrics.internal_errors._value.get() == 0
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(REAL), min_size=20, max_size=200), st.data())
+def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines, data):
+    pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
+    for i, line in enumerate(lines):
+        pl.process_line(line, i * 0.01)
+        if data.draw(st.booleans()):
+            ids = data.draw(st.lists(st.integers(-5, 600), max_size=4))
+            pl.process_snapshot(
+                SlotsSnapshot(tuple(SlotState(s, data.draw(st.integers(-1, 50)), True, 5, 1, 0, 1, ()) for s in ids))
+            )
+    pl.flush()
+    assert counted(pl) == len(lines)
+    assert pl.metrics.internal_errors._value.get() == 0
+
+
+@FUZZ
+@given(st.binary(max_size=4000), st.integers(16, 512))
+def test_splitter_accounts_for_every_byte_line(data, max_line):
+    pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
+    splitter = LineSplitter(pl.process_line, pl.oversized_line, max_line)
+    splitter.feed(data)
+    splitter.flush()
+    pieces = data.replace(b"\0", b"").split(b"\n")
+    if pieces and pieces[-1] == b"":
+        pieces.pop()
+    assert counted(pl) == len(pieces)
