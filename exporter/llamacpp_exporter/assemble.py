@@ -58,6 +58,7 @@ class Sink(Protocol):
     def prefill_in_progress(self, slot: int, tokens: int) -> None: ...
     def server_restart(self) -> None: ...
     def out_of_order_lines(self, n: int) -> None: ...
+    def server_build(self, number: int, commit: str) -> None: ...
     def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
     def slots_known(self, slot_ids: list[int]) -> None: ...
     def debug_logging_seen(self) -> None: ...
@@ -342,6 +343,9 @@ class Assembler:
         if self._epoch_lines:
             self._new_epoch()
         self.join.start_of_process()  # every request of this process will be seen
+
+    def _on_server_build(self, ev: p.ServerBuild) -> None:
+        self.sink.server_build(ev.number, ev.commit)
 
     def _on_slots_initialized(self, ev: p.SlotsInitialized) -> None:
         self._n_slots = min(ev.n_slots, MAX_SLOTS)
@@ -935,6 +939,7 @@ _HANDLERS: dict[type, Callable[[Assembler, object], None]] = {
     p.ServerStarting: Assembler._on_server_starting,
     p.Verbosity: Assembler._on_verbosity,
     p.SlotsInitialized: Assembler._on_slots_initialized,
+    p.ServerBuild: Assembler._on_server_build,
     p.DebugLine: Assembler._on_debug,
     p.SlotSelected: Assembler._on_slot_selected,
     p.ConversationArrived: Assembler._on_conversation_arrived,

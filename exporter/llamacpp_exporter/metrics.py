@@ -250,6 +250,12 @@ class ExporterMetrics:
         self.restarts = Counter(
             "llamacpp_exporter_server_restarts", "llama-server restarts seen in the log (new epochs).", registry=r
         )
+        self.server_build_info = Gauge(
+            "llamacpp_exporter_server_build_info",
+            "1 for the llama-server build read from its log (build 0, commit unknown: built without version info).",
+            ["build", "commit"],
+            registry=r,
+        )
         self.internal_errors = Counter(
             "llamacpp_exporter_internal_errors",
             "Log events the exporter failed to assemble (a bug: please report it). The line is counted in "
@@ -382,6 +388,10 @@ class ExporterMetrics:
 
     def server_restart(self) -> None:
         self.restarts.inc()
+
+    def server_build(self, number: int, commit: str) -> None:
+        self.server_build_info.clear()  # one process at a time: a restart may bring another build
+        self.server_build_info.labels(str(number), commit).set(1)
 
     def out_of_order_lines(self, n: int) -> None:
         self.out_of_order.inc(n)

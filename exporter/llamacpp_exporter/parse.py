@@ -34,6 +34,14 @@ class Verbosity:
 
 
 @dataclass(frozen=True, slots=True)
+class ServerBuild:
+    """``build N (commit)`` at start: 0 and "unknown" when built without git metadata."""
+
+    number: int
+    commit: str
+
+
+@dataclass(frozen=True, slots=True)
 class SlotsInitialized:
     n_slots: int
     n_ctx_slot: int
@@ -270,6 +278,7 @@ class Unreadable:
 Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     ServerStarting,
     Verbosity,
+    ServerBuild,
     SlotsInitialized,
     CacheEnabled,
     ConversationArrived,
@@ -334,6 +343,7 @@ _TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \|
 
 _FLOAT = r"(-?\d+(?:\.\d+)?)"
 
+_RE_BUILD = re.compile(r"common_params_print_info: build (\d{1,9}) \(([0-9A-Za-z]+)\)")
 _RE_SELECTED_LCP = re.compile(
     r"selected slot by LCP similarity, f_sim_best = ([\d.]+) \(> [\d.]+ thold\), f_keep = " + _FLOAT
 )
@@ -554,6 +564,9 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
             v = _RE_VERBOSITY.search(text)
             if v and "common_params_print_info" in text:
                 return ParsedLine(ts_us, Verbosity(int(v.group(1))))
+            b = _RE_BUILD.search(text)
+            if b:
+                return ParsedLine(ts_us, ServerBuild(int(b.group(1)), b.group(2)[:40]))
         return ParsedLine(ts_us, IGNORED)
     tag = m.group(1)
     msg = text[m.end() :]
@@ -568,6 +581,10 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
             v = _RE_VERBOSITY.search(msg)
             if v:
                 return ParsedLine(ts_us, Verbosity(int(v.group(1))))
+        elif "print_info: build " in msg:
+            b = _RE_BUILD.search(msg)
+            if b:
+                return ParsedLine(ts_us, ServerBuild(int(b.group(1)), b.group(2)[:40]))
     return ParsedLine(ts_us, IGNORED)
 
 

@@ -22,6 +22,9 @@ from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 
 log = logging.getLogger(__name__)
 
+# llama.cpp builds whose recorded logs are in tests/fixtures/logs/builds/ (tests/test_builds.py)
+TESTED_BUILDS = (11200, 11434)
+
 _RESULT = {
     parse.Ignored: "ignored",
     parse.Unrecognized: "unrecognized",
@@ -70,6 +73,7 @@ class _Sink:
         self.events = events
         self.extra = extra
         self.records_out = 0
+        self._untested_warned = False
 
     def request(self, record: RequestRecord) -> None:
         self.records_out += 1
@@ -97,6 +101,23 @@ class _Sink:
             "text. The exporter drops these lines and copies no text, but the log file itself "
             "holds user data. Use -lv 4."
         )
+
+    def server_build(self, number: int, commit: str) -> None:
+        self.metrics.server_build(number, commit)
+        if number == 0:
+            log.info("llama-server was built without version information (build 0): its build is unknown")
+        elif number in TESTED_BUILDS:
+            log.info("llama-server build %d (%s), a build the exporter is tested with", number, commit)
+        elif not self._untested_warned:
+            self._untested_warned = True
+            log.warning(
+                "llama-server build %d (%s) is not one the exporter is tested with (%s): if its log changed, "
+                "lines show as unrecognized in llamacpp_exporter_log_lines_total and the figures built on them "
+                "as unavailable",
+                number,
+                commit,
+                ", ".join(map(str, TESTED_BUILDS)),
+            )
 
     def server_restart(self) -> None:
         self.metrics.server_restart()
