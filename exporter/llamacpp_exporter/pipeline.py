@@ -23,7 +23,7 @@ from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 log = logging.getLogger(__name__)
 
 # llama.cpp builds whose recorded logs are in tests/fixtures/logs/builds/ (tests/test_builds.py)
-TESTED_BUILDS = (11200, 11434)
+TESTED_BUILDS = (10950, 11200, 11434)
 
 _RESULT = {
     parse.Ignored: "ignored",
