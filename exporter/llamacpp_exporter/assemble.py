@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from . import classify
 from . import parse as p
 from .conversations import Pseudonymizer
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
@@ -801,37 +802,34 @@ class Assembler:
             rec.restored_entry_lora_config = self.lora_config(src)
         # what became of a restored entry
         if rec.ram_restored:
-            same = None
-            if rec.lora_config is not None and rec.restored_entry_lora_config is not None:
-                same = rec.lora_config == rec.restored_entry_lora_config
-            if rec.lora_cache_cleared:
-                rec.restore_result = (
-                    "discarded_lora_unknown"
-                    if same is None
-                    else "discarded_lora_wrongful"
-                    if same
-                    else "discarded_lora_correct"
-                )
-            elif rec.forced_reprocess or (rec.reuse_source is not None and rec.reused_tokens == 0):
-                rec.restore_result = "reprocessed"
-            else:
-                rec.restore_result = "kept"
-                rec.lora_mismatch_reuse = same is False
+            rec.restore_result, rec.lora_mismatch_reuse = classify.restore_result(
+                lora_cache_cleared=rec.lora_cache_cleared,
+                forced_reprocess=rec.forced_reprocess,
+                reused_tokens=rec.reused_tokens,
+                reuse_known=rec.reuse_source is not None,
+                lora_config=rec.lora_config,
+                entry_lora_config=rec.restored_entry_lora_config,
+            )
         # prompt tokens the slot or the RAM cache offered but that were computed again
-        offered = rec._offered_tokens
-        if rec._offered_f_sim is not None and rec.prompt_tokens is not None:
-            offered = max(offered or 0, round(rec._offered_f_sim * rec.prompt_tokens))
+        offered = classify.offered_tokens(rec._offered_tokens, rec._offered_f_sim, rec.prompt_tokens)
         if offered is not None and rec.reused_tokens is not None:
             rec.wasted_prompt_tokens = max(0, offered - rec.reused_tokens)
-        # outcome
         if rec.prompt_tokens is not None and rec.reused_tokens is not None and rec.prompt_tokens > 0:
-            ratio = rec.reused_tokens / rec.prompt_tokens
-            if rec.prompt_tokens >= st.min_prompt_tokens:  # only long prompts count in the outcome metric
-                rec.outcome = "hit" if ratio >= st.hit_ratio else "miss" if ratio < st.miss_ratio else "partial"
-            if ratio < st.miss_ratio and rec.prompt_tokens > 1:
-                rec.miss_cause = self._miss_cause(rec, (offered or 0) >= st.miss_ratio * rec.prompt_tokens)
-            rec.small_task_takeover = (
-                rec.prompt_tokens < st.small_task_tokens and (rec.slot_tokens_before or 0) >= st.big_conversation_tokens
+            rec.outcome = classify.outcome(
+                rec.prompt_tokens, rec.reused_tokens, st.min_prompt_tokens, st.hit_ratio, st.miss_ratio
+            )
+            if classify.is_miss(rec.prompt_tokens, rec.reused_tokens, st.miss_ratio):
+                rec.miss_cause = classify.miss_cause(
+                    restore_result=rec.restore_result,
+                    lora_cache_cleared=rec.lora_cache_cleared,
+                    forced_reprocess=rec.forced_reprocess,
+                    offered_enough=(offered or 0) >= st.miss_ratio * rec.prompt_tokens,
+                    ram_consulted=rec.ram_consulted,
+                    ram_restored=rec.ram_restored,
+                    path=rec.path,
+                )
+            rec.small_task_takeover = classify.small_task_takeover(
+                rec.prompt_tokens, rec.slot_tokens_before, st.small_task_tokens, st.big_conversation_tokens
             )
         if rec.conversation_source == "header":
             self._consume_eviction(rec)
@@ -856,22 +854,6 @@ class Assembler:
         del self._evicted_convs[conv]
         if rec.miss_cause == "no_cache_entry":
             rec.miss_cause = "evicted"
-
-    def _miss_cause(self, rec: RequestRecord, offered: bool) -> str:
-        """offered: the slot or a restored entry held enough of the prompt not to miss. A
-        reprocess forced on a prefix that was a miss anyway (a chat template's first tokens
-        on an SWA model) is not the cause."""
-        if rec.restore_result is not None and rec.restore_result.startswith("discarded_lora"):
-            return "lora_discard"
-        if rec.lora_cache_cleared:
-            return "lora_discard"
-        if rec.forced_reprocess and offered:
-            return "forced_reprocess"
-        if rec.ram_consulted and not rec.ram_restored:
-            return "no_cache_entry"
-        if rec.path == "slot":
-            return "slot_prefix_mismatch"
-        return "unknown"
 
     def _overlapping(self, rec: RequestRecord):
         """(task, from, to) for every other slot's prefill during this record's decoding."""
