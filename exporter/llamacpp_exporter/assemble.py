@@ -18,6 +18,7 @@ from typing import Protocol
 
 from . import classify
 from . import parse as p
+from .cachemirror import CacheMirror
 from .conversations import Pseudonymizer
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
@@ -86,13 +87,6 @@ class _Selection:
 
 
 @dataclass(slots=True)
-class _Entry:
-    entry_id: str
-    n_tokens: int
-    source: tuple[int, int] | None
-
-
-@dataclass(slots=True)
 class _Slot:
     tokens: int | None = None  # tokens the slot holds, as far as the log tells
     last_task: int | None = None
@@ -143,11 +137,7 @@ class Assembler:
     def _reset_epoch_state(self) -> None:
         self._slots: dict[int, _Slot] = {}
         self._pending: list[RequestRecord] = []
-        self._entries: list[_Entry] = []
-        self._listing: list[_Entry] | None = None
-        self._listing_expected = 0
-        self._pending_save: _Entry | None = None
-        self._removals_unplaced: list[int] = []  # lengths of obsolete removals not yet placed
+        self.cache = CacheMirror(self.sink.cache_saved, self._entry_evicted)
         self._cache_ctx: _Selection | None = None  # selection the srv cache lines belong to
         self._cache_ctx_source: tuple[int, int] | None = None  # content being saved
         self._last_ts: int | None = None
@@ -169,7 +159,7 @@ class Assembler:
         """End of input (replay) or shutdown: emit every record still waiting."""
         if self._held:
             self._release_held()  # too few to prove a restart
-        self._close_listing()
+        self.cache.close_listing()
         self._finalize_all()
 
     # ------------------------------------------------------------ inputs
@@ -216,10 +206,11 @@ class Assembler:
             # best there is. With timestamps on, a line without one is a continuation line
             # and keeps the time of the line it continues.
             self._now = max(self._now, now_us)
-        if self._listing is not None and not isinstance(ev, p.CacheEntryListed):
-            self._close_listing()
-        if self._pending_save is not None and type(ev) not in _PART_OF_SAVE:
-            self._commit_save()
+        cache = self.cache
+        if cache.listing and not isinstance(ev, p.CacheEntryListed):
+            cache.close_listing()
+        if cache.saving and type(ev) not in _PART_OF_SAVE:
+            cache.commit_save()
         handler = _HANDLERS.get(type(ev))
         if handler is not None:
             handler(self, ev)
@@ -292,35 +283,9 @@ class Assembler:
         return ",".join(active) if active else "none"
 
     # ------------------------------------------------------------ RAM-cache entries
-    # The server keeps its entries in a deque: a save pushes at the back (after removing the
-    # entries it contains and, to make room, the oldest), a restore takes the entry out, the
-    # update after it pops the oldest while over the limit. The candidate lines of a lookup
-    # list the entries in that order, so the mirror below knows which task computed each
-    # entry. Addresses are reused at once and lengths repeat: neither names an entry.
-    def _close_listing(self) -> None:
-        listing = self._listing
-        if listing is None:
-            return
-        self._listing = None
-        if not self._place_removals([e.n_tokens for e in listing]):
-            # lines missed (joined mid-stream, a failed allocation): start again from the listing
-            self._entries = [_Entry(e.entry_id, e.n_tokens, None) for e in listing]
-
-    def _commit_save(self) -> None:
-        save = self._pending_save
-        self._pending_save = None
-        if save is None:
-            return
-        self._entries.append(save)
-        self.sink.cache_saved()
-
-    def _evict_oldest(self) -> None:
-        if not self._entries:
-            return
-        e = self._entries.pop(0)
-        if e.source is not None:
-            self._evicted_unresolved.append((e.source, self._now))
-            self._resolve_evicted()
+    def _entry_evicted(self, source: tuple[int, int]) -> None:
+        self._evicted_unresolved.append((source, self._now))
+        self._resolve_evicted()
 
     def _resolve_evicted(self) -> None:
         still = []
@@ -415,13 +380,13 @@ class Assembler:
         self._set_diag(True)
 
     def _on_prompt_saved(self, ev: p.PromptSaved) -> None:
-        self._pending_save = _Entry("", ev.n_tokens, self._cache_ctx_source)
+        self.cache.save_started(ev.n_tokens, self._cache_ctx_source)
         sel = self._cache_ctx
         if sel is not None and sel.slot_tokens_before is None:
             sel.slot_tokens_before = ev.n_tokens
 
     def _on_prompt_save_skipped(self, ev: p.PromptSaveSkipped) -> None:
-        self._pending_save = None
+        self.cache.save_skipped()
 
     def _on_candidate(self, ev: p.CacheCandidate) -> None:
         sel = self._cache_ctx
@@ -440,15 +405,15 @@ class Assembler:
             return
         # the first candidate with the printed best values (the server needs strictly better)
         candidates = sel.candidates or []
-        if self._removals_unplaced:
-            self._place_removals([c.n_tokens for c in candidates])
         k = next((i for i, c in enumerate(candidates) if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim), None)
         winner = candidates[k] if k is not None else None
         sel.restored_tokens = winner.n_tokens if winner else -1
         sel.restored_lcp = winner.lcp if winner else None
-        if k is not None and len(candidates) == len(self._entries) and self._entries[k].n_tokens == winner.n_tokens:
-            sel.restored_source = self._entries.pop(k).source
-            sel.restored_known = True
+        if k is not None:
+            source = self.cache.restored([c.n_tokens for c in candidates], k)
+            if source is not False:
+                sel.restored_source = source  # type: ignore[assignment]
+                sel.restored_known = True
         try:
             sel.restored_f_keep = float(ev.f_keep)
         except ValueError:
@@ -456,65 +421,20 @@ class Assembler:
 
     def _on_cache_state(self, ev: p.CacheState) -> None:
         self.sink.cache_state(ev.n_prompts, ev.size_mib * 1048576.0, ev.limit_mib * 1048576.0)
-        self._listing = []
-        self._listing_expected = ev.n_prompts
-        if ev.n_prompts == 0:
-            self._close_listing()
+        self.cache.listing_started(ev.n_prompts)
 
     def _on_cache_entry(self, ev: p.CacheEntryListed) -> None:
-        if self._listing is not None:
-            self._listing.append(_Entry(ev.entry_id, ev.n_tokens, None))
+        self.cache.listed(ev.n_tokens)
 
     def _on_cache_update_took(self, ev: p.CacheUpdateTook) -> None:
         self.sink.cache_update_duration(ev.ms / 1000.0)
 
     def _on_cache_evicted(self, ev: p.CacheEvicted) -> None:
-        if not ev.making_room:
-            self._commit_save()  # the update after a save: the new entry is in the deque
-        self._evict_oldest()
+        self.cache.evicted(ev.making_room)
         self.sink.cache_evicted(ev.size_mib * 1048576.0)
 
     def _on_obsolete_removed(self, ev: p.ObsoleteEntryRemoved) -> None:
-        """An entry contained in the prompt being saved. The line gives only its length: with
-        one entry of that length it goes at once; with several, the next list of the entries
-        in order (the lookup's candidates or the listing) tells which one went."""
-        same = [i for i, e in enumerate(self._entries) if e.n_tokens == ev.n_tokens]
-        if len(same) == 1:
-            del self._entries[same[0]]
-        elif same:
-            self._removals_unplaced.append(ev.n_tokens)
-
-    def _place_removals(self, lengths: list[int]) -> bool:
-        """Drop the entries of unplaced removals so that the mirror reads as `lengths` (the
-        server's own order). If more than one choice fits, the entries of those lengths
-        forget who computed them (unknown, never a guess). False if nothing fits."""
-        pending, self._removals_unplaced = self._removals_unplaced, []
-        if not pending:
-            return [e.n_tokens for e in self._entries] == lengths
-        fits: list[tuple[int, ...]] = []
-
-        def search(start: int, todo: list[int], dropped: tuple[int, ...]) -> None:
-            if len(fits) > 1:
-                return
-            if not todo:
-                kept = [e.n_tokens for i, e in enumerate(self._entries) if i not in dropped]
-                if kept == lengths:
-                    fits.append(dropped)
-                return
-            for i, e in enumerate(self._entries):
-                if i not in dropped and e.n_tokens == todo[0]:
-                    search(i, todo[1:], (*dropped, i))
-
-        if len(pending) <= 3:
-            search(0, pending, ())
-        if not fits:
-            return False
-        if len(fits) > 1:
-            for e in self._entries:
-                if e.n_tokens in pending:
-                    e.source = None
-        self._entries = [e for i, e in enumerate(self._entries) if i not in fits[0]]
-        return True
+        self.cache.obsolete_removed(ev.n_tokens)
 
     def _on_lora_cleared(self, ev: p.LoraCacheCleared) -> None:
         s = self._slot(ev.slot)
