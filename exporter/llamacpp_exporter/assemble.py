@@ -22,6 +22,7 @@ from .cachemirror import CacheMirror
 from .conversations import Pseudonymizer
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
+from .timeline import PrefillTimeline, union_us
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,6 @@ JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by th
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP = 0.9
 MAX_PENDING = 256
-MAX_PREFILL_HISTORY = 32
 MAX_SLOTS = 512  # see server.MAX_SLOTS
 MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
@@ -92,9 +92,6 @@ class _Slot:
     last_task: int | None = None
     selection: _Selection | None = None
     record: RequestRecord | None = None
-    # recent prefill intervals [start, end, task, exact] in server microseconds; end None =
-    # running; exact once the server's own timings (or the release) fixed them
-    prefills: list[list] | None = None
 
 
 class Assembler:
@@ -138,6 +135,7 @@ class Assembler:
         self._slots: dict[int, _Slot] = {}
         self._pending: list[RequestRecord] = []
         self.cache = CacheMirror(self.sink.cache_saved, self._entry_evicted)
+        self.prefills = PrefillTimeline()
         self._cache_ctx: _Selection | None = None  # selection the srv cache lines belong to
         self._cache_ctx_source: tuple[int, int] | None = None  # content being saved
         self._last_ts: int | None = None
@@ -256,7 +254,7 @@ class Assembler:
     def _slot(self, sid: int) -> _Slot:
         s = self._slots.get(sid)
         if s is None:
-            s = self._slots[sid] = _Slot(prefills=[])
+            s = self._slots[sid] = _Slot()
         return s
 
     def _set_diag(self, available: bool) -> None:
@@ -477,10 +475,7 @@ class Assembler:
             self._remember_lineage(rec, s, sel)
         s.record = rec
         s.last_task = ev.task
-        assert s.prefills is not None
-        s.prefills.append([self._now, None, ev.task, False])
-        if len(s.prefills) > MAX_PREFILL_HISTORY:
-            del s.prefills[0]
+        self.prefills.launched(ev.slot, ev.task, self._now)
         if self.request_poll is not None:
             self.request_poll()
 
@@ -554,9 +549,7 @@ class Assembler:
             self._set_diag(True)
             # the prefill starts here (llama-server's t_start), not at the launch: a launched
             # task can wait for another slot's prompt batch before its own first batch
-            sl = self._slots[ev.slot]
-            if sl.prefills and sl.prefills[-1][2] == ev.task and sl.prefills[-1][1] is None:
-                sl.prefills[-1][0] = self._now
+            self.prefills.first_batch(ev.slot, ev.task, self._now)
 
     def _on_cached_tokens(self, ev: p.CachedTokens) -> None:
         rec = self._record(ev.slot, ev.task)
@@ -573,12 +566,9 @@ class Assembler:
             rec.forced_reprocess = True
 
     def _end_prefill(self, slot: int, at_us: int) -> None:
-        s = self._slots.get(slot)
-        if s is None or not s.prefills:
+        if slot not in self.prefills.slots:
             return
-        last = s.prefills[-1]
-        if last[1] is None:
-            last[1] = at_us
+        self.prefills.ended(slot, at_us)
         self.sink.prefill_in_progress(slot, 0)
 
     def _on_prefill_finished(self, ev: p.PrefillFinished) -> None:
@@ -607,10 +597,7 @@ class Assembler:
         rec._decode_end_us = self._now
         if rec.prefill_seconds is not None:
             prefill_start = decode_start - int(rec.prefill_seconds * 1_000_000)
-            s = self._slot(ev.slot)
-            assert s.prefills is not None
-            if s.prefills:
-                s.prefills[-1] = [prefill_start, decode_start, rec.task, True]
+            self.prefills.timed(ev.slot, rec.task, prefill_start, decode_start)
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_released(self, ev: p.TaskReleased) -> None:
@@ -627,10 +614,7 @@ class Assembler:
         s.record = None
         rec.cancelled = rec.cancelled or cancelled
         rec._released_seq = self._snapshot_seq
-        if s.prefills and s.prefills[-1][2] == rec.task:
-            s.prefills[-1][3] = True
-        if s.prefills and s.prefills[-1][1] is None:
-            s.prefills[-1][1] = self._now
+        if self.prefills.released(rec.slot, rec.task, self._now):
             self.sink.prefill_in_progress(rec.slot, 0)
         self._pending.append(rec)
         if rec.prompt_tokens is None and rec.reused_tokens is not None and rec.prefill_tokens is not None:
@@ -678,13 +662,7 @@ class Assembler:
     def _overlap_resolved(self, rec: RequestRecord) -> bool:
         if rec._decode_start_us is None or rec.end_us is None:
             return True
-        for sid, s in self._slots.items():
-            if sid == rec.slot or not s.prefills:
-                continue
-            for start, _end, _task, exact in s.prefills:
-                if not exact and start is not None and start < rec.end_us:
-                    return False
-        return True
+        return self.prefills.settled_before(rec.slot, rec.end_us)
 
     def _try_finalize(self) -> None:
         now = self._now
@@ -780,15 +758,7 @@ class Assembler:
         start, end = rec._decode_start_us, rec._decode_end_us
         if start is None or end is None or not rec.decode_seconds:
             return
-        for sid, s in self._slots.items():
-            if sid == rec.slot or not s.prefills:
-                continue
-            for a, b, task, _exact in s.prefills:
-                if a is None:
-                    continue
-                lo, hi = max(a, start), min(end if b is None else b, end)
-                if hi > lo:
-                    yield task, lo, hi
+        yield from self.prefills.overlapping(rec.slot, start, end)
 
     def _overlap(self, rec: RequestRecord) -> int:
         """Microseconds of the decoding during which another slot was prefilling (union), and
@@ -804,18 +774,7 @@ class Assembler:
             self.sink.conversation_cost(conv, us / 1e6)
         if by_conv:
             rec.slowed_by_conversation = max(by_conv, key=lambda c: by_conv[c])
-        spans.sort()
-        total, cur_lo, cur_hi = 0, None, None
-        for lo, hi in spans:
-            if cur_hi is None or lo > cur_hi:
-                if cur_hi is not None and cur_lo is not None:
-                    total += cur_hi - cur_lo
-                cur_lo, cur_hi = lo, hi
-            else:
-                cur_hi = max(cur_hi, hi)
-        if cur_hi is not None and cur_lo is not None:
-            total += cur_hi - cur_lo
-        return total
+        return union_us(spans)
 
 
 # Lines between "saving prompt" and the moment the entry is pushed (alloc's own removals)

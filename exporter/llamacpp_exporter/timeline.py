@@ -1,0 +1,98 @@
+"""When each slot was prefilling: recent prefill intervals per slot, in server time.
+
+A prefill starts at its task's launch, moves to the first prompt batch ("new prompt"), ends at
+"prompt done" or the release; the server's own timings then fix it exactly (prompt eval and
+eval times, counted back from the eval line). Another slot's decoding is compared against these
+intervals: how long it overlapped a prefill, and whose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MAX_PREFILL_HISTORY = 32  # per slot: decodes never last longer than the last few prefills
+
+
+@dataclass(slots=True)
+class Prefill:
+    start: int
+    end: int | None  # None: running
+    task: int
+    exact: bool = False  # fixed by the server's own timings (or the release)
+
+
+class PrefillTimeline:
+    def __init__(self) -> None:
+        self.slots: dict[int, list[Prefill]] = {}
+
+    def _last(self, slot: int, task: int | None = None) -> Prefill | None:
+        pf = self.slots.get(slot)
+        if not pf or (task is not None and pf[-1].task != task):
+            return None
+        return pf[-1]
+
+    def launched(self, slot: int, task: int, at: int) -> None:
+        pf = self.slots.setdefault(slot, [])
+        pf.append(Prefill(at, None, task))
+        if len(pf) > MAX_PREFILL_HISTORY:
+            del pf[0]
+
+    def first_batch(self, slot: int, task: int, at: int) -> None:
+        """The prefill starts at its first batch (llama-server's t_start), not at the launch: a
+        launched task can wait for another slot's prompt batch."""
+        last = self._last(slot, task)
+        if last is not None and last.end is None:
+            last.start = at
+
+    def ended(self, slot: int, at: int) -> None:
+        last = self._last(slot)
+        if last is not None and last.end is None:
+            last.end = at
+
+    def timed(self, slot: int, task: int, start: int, end: int) -> None:
+        """The server's timings fix the last prefill of the slot."""
+        if self.slots.get(slot):
+            self.slots[slot][-1] = Prefill(start, end, task, True)
+
+    def released(self, slot: int, task: int, at: int) -> bool:
+        """The task is over: its prefill is as exact as it gets. True if it was still open."""
+        last = self._last(slot)
+        if last is None:
+            return False
+        if last.task == task:
+            last.exact = True
+        if last.end is None:
+            last.end = at
+            return True
+        return False
+
+    def overlapping(self, slot: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """(task, from, to) for every other slot's prefill between start and end."""
+        for sid, pf in self.slots.items():
+            if sid == slot:
+                continue
+            for p in pf:
+                lo, hi = max(p.start, start), min(end if p.end is None else p.end, end)
+                if hi > lo:
+                    yield p.task, lo, hi
+
+    def settled_before(self, slot: int, end: int) -> bool:
+        """Every other slot's prefill that began before `end` is exact: an overlap computed now
+        will not change."""
+        return all(p.exact or p.start >= end for sid, pf in self.slots.items() if sid != slot for p in pf)
+
+
+def union_us(spans: list[tuple[int, int]]) -> int:
+    """Total length of the union of intervals."""
+    total, cur_lo, cur_hi = 0, None, None
+    for lo, hi in sorted(spans):
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None and cur_lo is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    if cur_hi is not None and cur_lo is not None:
+        total += cur_hi - cur_lo
+    return total

@@ -1,0 +1,39 @@
+"""The prefill timeline on small invented sequences (times in microseconds); the recorded logs
+check it against the server's own timings in tests/test_assemble.py."""
+
+from __future__ import annotations
+
+from llamacpp_exporter.timeline import MAX_PREFILL_HISTORY, PrefillTimeline, union_us
+
+
+def test_a_prefill_runs_from_its_first_batch_to_its_end_and_overlaps_other_slots():
+    t = PrefillTimeline()
+    t.launched(0, task=1, at=100)
+    t.first_batch(0, task=1, at=150)  # waited for another slot's batch before its own
+    assert list(t.overlapping(1, 0, 1000)) == [(1, 150, 1000)]  # still running: open to the end
+    t.ended(0, at=400)
+    assert list(t.overlapping(1, 0, 1000)) == [(1, 150, 400)]
+    assert list(t.overlapping(0, 0, 1000)) == []  # a slot never overlaps itself
+    assert not t.settled_before(1, 1000)  # not exact yet: a record decoding until 1000 waits
+    assert t.settled_before(1, 150)  # ... but not one that ended before it began
+
+
+def test_the_servers_timings_fix_the_interval_and_the_release_settles_it():
+    t = PrefillTimeline()
+    t.launched(0, task=1, at=100)
+    t.ended(0, at=420)
+    t.timed(0, task=1, start=130, end=410)  # counted back from the eval line
+    assert list(t.overlapping(1, 0, 1000)) == [(1, 130, 410)] and t.settled_before(1, 1000)
+    t.launched(0, task=2, at=500)
+    assert t.released(0, task=2, at=600) is True  # cancelled mid-prefill: closed at the release
+    assert list(t.overlapping(1, 550, 1000)) == [(2, 550, 600)] and t.settled_before(1, 1000)
+
+
+def test_history_is_bounded_and_union_counts_overlaps_once():
+    t = PrefillTimeline()
+    for i in range(MAX_PREFILL_HISTORY + 5):
+        t.launched(0, task=i, at=i * 10)
+        t.ended(0, at=i * 10 + 5)
+    assert len(t.slots[0]) == MAX_PREFILL_HISTORY
+    assert union_us([(0, 10), (5, 15), (20, 30)]) == 25
+    assert union_us([]) == 0
