@@ -3,48 +3,14 @@ responses' ground truth, and on the edge cases that a live stream brings."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 from prometheus_client import CollectorRegistry
+from support import by_timings, log_lines, replay_records, truths, value
 
 from llamacpp_exporter import parse as p
 from llamacpp_exporter.assemble import Assembler, AssemblySettings
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
-
-LOGS = Path(__file__).parent / "fixtures" / "logs"
-
-
-def replay_records(lines, settings=None) -> tuple[list[RequestRecord], Pipeline]:
-    recs: list[RequestRecord] = []
-    pl = Pipeline(CollectorRegistry(), settings, on_record=recs.append, clock=lambda: 0.0)
-    for line in lines:
-        pl.process_line(line, 0.0)
-    pl.flush()
-    return recs, pl
-
-
-def log_lines(name: str) -> list[str]:
-    return (LOGS / name).read_text(errors="replace").splitlines()
-
-
-def truths(name: str) -> list[dict]:
-    return [json.loads(x) for x in (LOGS / name).read_text().splitlines()]
-
-
-def by_timings(recs: list[RequestRecord], t: dict) -> RequestRecord:
-    m = [
-        r
-        for r in recs
-        if r.prefill_seconds is not None
-        and r.decode_seconds is not None
-        and abs(r.prefill_seconds * 1000 - t["prompt_ms"]) <= 0.0051
-        and abs(r.decode_seconds * 1000 - t["predicted_ms"]) <= 0.0051
-    ]
-    assert len(m) == 1, t
-    return m[0]
 
 
 @pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl"])
@@ -81,7 +47,7 @@ def test_lv3_prefill_and_decode_exact_reuse_unknown():
         assert r.generated_tokens == t["predicted_n"]
         assert r.reused_tokens is None and r.prompt_tokens is None and r.outcome is None
         assert r.restore_result is None
-    assert pl.metrics.diag_available._value.get() == 0
+    assert value(pl.registry, "llamacpp_exporter_cache_diagnostics_available") == 0
 
 
 def snapshot(slot: int, task: int, lora, processing=True, cache=None, processed=0, decoded=0) -> SlotsSnapshot:
@@ -116,7 +82,7 @@ def test_restart_starts_a_new_epoch_and_joins_nothing_across_it():
     recs, pl = replay_records(lines + lines)
     assert [r.epoch for r in recs] == [0, 0, 0, 1, 1, 1]
     assert [r.task for r in recs] == [0, 6, 12, 0, 6, 12]
-    assert pl.metrics.restarts._value.get() == 1
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total") == 1
     assert recs[3].ram_restored is False  # the second process's cache starts empty
 
 
@@ -173,7 +139,7 @@ def test_small_task_takeover():
     assert [r.small_task_takeover for r in recs] == [False, True]
     assert recs[1].path == "slot" and recs[1].slot_tokens_before == 1504
     assert recs[1].time_per_output_token_seconds is None  # one generated token: no per-token time
-    assert pl.metrics.takeovers._value.get() == 1
+    assert value(pl.registry, "llamacpp_small_task_slot_takeovers_total") == 1
 
 
 def test_lora_unknown_when_slots_never_showed_the_task():
@@ -278,7 +244,7 @@ def test_a_full_cache_that_evicts_only_what_is_not_needed_again_is_not_thrashing
     """Recorded: one conversation comes back between one-shot conversations; the cache is full
     and evicts (one-shots), and the conversation hits every time."""
     recs, pl = replay_records(log_lines("lv4-np1-cache-full-healthy.log"))
-    assert pl.metrics.cache_evictions._value.get() > 0
+    assert value(pl.registry, "llamacpp_prompt_cache_evictions_total") > 0
     pairs = _by_turn("lv4-np1-cache-full-healthy")
     returning = [(t, r) for t, r in pairs if t["turn"] > 0]
     assert returning and all(r.outcome == "hit" and t["cache_n"] > 0 for t, r in returning)
@@ -305,12 +271,12 @@ def test_a_stray_line_with_an_earlier_timestamp_is_not_a_restart():
     clean, _ = replay_records(lines)
     stray = lines[: len(lines) // 2] + [lines[300]] + lines[len(lines) // 2 :]
     recs, pl = replay_records(stray)
-    assert pl.metrics.restarts._value.get() == 0
-    assert pl.metrics.out_of_order._value.get() == 1
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total") == 0
+    assert value(pl.registry, "llamacpp_exporter_log_lines_out_of_order_total") == 1
     key = lambda r: (r.epoch, r.task, r.cancelled, r.prompt_tokens, r.reused_tokens, r.prefill_seconds)  # noqa: E731
     assert sorted(map(key, recs)) == sorted(map(key, clean))
     # two stray lines in a row are still noise; a restart without its banner needs three lines
     two = lines[: len(lines) // 2] + lines[300:302] + lines[len(lines) // 2 :]
-    assert replay_records(two)[1].metrics.restarts._value.get() == 0
+    assert value(replay_records(two)[1].registry, "llamacpp_exporter_server_restarts_total") == 0
     restarted = lines + [ln for ln in lines if "initializing ..." not in ln]
-    assert replay_records(restarted)[1].metrics.restarts._value.get() == 1
+    assert value(replay_records(restarted)[1].registry, "llamacpp_exporter_server_restarts_total") == 1

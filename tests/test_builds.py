@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from test_assemble import replay_records
+from support import replay_records, value
 
 from llamacpp_exporter.pipeline import TESTED_BUILDS
 
@@ -31,7 +31,7 @@ def test_what_each_build_gets_right_and_what_it_reports_unavailable(path, caplog
     caplog.set_level(logging.INFO)
     recs, pl = replay_records(path.read_text(errors="replace").splitlines())
     truth = [json.loads(x) for x in path.with_suffix(".truth.jsonl").read_text().splitlines()]
-    lines = lambda r: pl.metrics.log_lines.labels(r)._value.get()  # noqa: E731
+    lines = lambda r: value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": r})  # noqa: E731
     assert lines("unrecognized") == 0 and lines("unreadable") == 0
     recs.sort(key=lambda r: r.task)
     assert len(recs) == len(truth)
@@ -44,7 +44,7 @@ def test_what_each_build_gets_right_and_what_it_reports_unavailable(path, caplog
             assert (r.prompt_tokens, r.reused_tokens) == (t["cache_n"] + t["prompt_n"], t["cache_n"])
         else:  # -lv 3 without /slots: unknown, never guessed
             assert r.reused_tokens is None and r.outcome is None and r.restore_result is None
-    diag = pl.metrics.diag_available._value.get()
+    diag = value(pl.registry, "llamacpp_exporter_cache_diagnostics_available")
     assert diag == (1 if lv4 else 0)
     restores = [r.restore_result for r in recs if r.restore_result]
     if lv4:  # the LoRA discard of the scenario, each time (which LoRA: unknown without /slots)
@@ -63,4 +63,4 @@ def test_an_untested_build_is_named_once_in_a_warning(caplog):
     caplog.set_level(logging.INFO)
     _, pl = replay_records([line, line])
     assert caplog.text.count("build 9999 (abc1234) is not one the exporter is tested with") == 1
-    assert pl.metrics.server_build_info.labels("9999", "abc1234")._value.get() == 1
+    assert value(pl.registry, "llamacpp_exporter_server_build_info", {"build": "9999", "commit": "abc1234"}) == 1

@@ -6,22 +6,11 @@ from __future__ import annotations
 import re
 
 from prometheus_client import CollectorRegistry, generate_latest
-from test_assemble import by_timings, log_lines, truths
+from support import SALT, by_timings, grouping_accuracy, log_lines, replay, truths
 
 from llamacpp_exporter.conversations import ConversationCosts, Pseudonymizer
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord
-
-SALT = "test-salt"
-
-
-def replay(lines, ps=None) -> list[RequestRecord]:
-    recs: list[RequestRecord] = []
-    pl = Pipeline(CollectorRegistry(), on_record=recs.append, clock=lambda: 0.0, pseudonymize=ps or Pseudonymizer(SALT))
-    for line in lines:
-        pl.process_line(line, 0.0)
-    pl.flush()
-    return recs
 
 
 def test_header_join_matches_every_request_of_the_recorded_runs():
@@ -57,14 +46,6 @@ def test_header_join_across_a_request_cancelled_before_it_launched():
     abandoned = next(r for r in recs if r.task == 5)
     assert abandoned.conversation_source == "lineage"  # it sent no id, proven
     assert [r.conversation_source for r in recs if r.task in (20, 30, 40)] == ["uncertain"] * 3
-
-
-def grouping_accuracy(pairs: list[tuple[str, str]]) -> float:
-    """Share of requests whose group's first request belongs to their own conversation."""
-    first: dict[str, str] = {}
-    for conv, group in pairs:
-        first.setdefault(group, conv)
-    return sum(first[g] == c for c, g in pairs) / len(pairs)
 
 
 def test_lineage_groups_conversations_without_ids():

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from realserver import BusyLoop, LlamaServer
-from test_conversations import grouping_accuracy
-from test_real_server import match, samples, start_exporter, wait_records
+from support import grouping_accuracy, match, samples, start_exporter, wait_records
 from workload import LONG_CONV, Contention, Truth, contention_workload
 
 from llamacpp_exporter.conversations import Pseudonymizer

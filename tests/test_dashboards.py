@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 from promql import DASHBOARDS, ROOT, Prometheus, dashboard_expressions, metric_names
-from test_rules import exported_metric_names
+from support import exported_metric_names
 
 PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "heatmap"}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from support import value
 
 from llamacpp_exporter import parse as p
 from llamacpp_exporter.pipeline import Pipeline
@@ -45,7 +46,7 @@ def mutated_line(draw) -> str:
 
 
 def counted(pl: Pipeline) -> float:
-    return sum(pl.metrics.log_lines.labels(r)._value.get() for r in RESULTS)
+    return sum(value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": r}) for r in RESULTS)
 
 
 @FUZZ
@@ -63,7 +64,7 @@ def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines):
         pl.process_line(line, i * 0.01)
     pl.flush()
     assert counted(pl) == len(lines)
-    assert pl.metrics.internal_errors._value.get() == 0
+    assert value(pl.registry, "llamacpp_exporter_internal_errors_total") == 0
 
 
 @FUZZ
@@ -79,7 +80,7 @@ def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines,
             )
     pl.flush()
     assert counted(pl) == len(lines)
-    assert pl.metrics.internal_errors._value.get() == 0
+    assert value(pl.registry, "llamacpp_exporter_internal_errors_total") == 0
 
 
 @FUZZ

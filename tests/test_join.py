@@ -7,8 +7,7 @@ line; they are labelled INVENTED and written in the order llama-server would log
 from __future__ import annotations
 
 import pytest
-from test_assemble import by_timings, log_lines, truths
-from test_conversations import SALT, replay
+from support import SALT, by_timings, log_lines, replay, truths
 
 from llamacpp_exporter.conversations import Pseudonymizer
 from llamacpp_exporter.join import HEADER, ID_DELAY_US, NONE, STALE_ARRIVAL_US, UNCERTAIN, HeaderJoin

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from support import value
 
 from llamacpp_exporter import parse as p
 
@@ -166,10 +167,10 @@ def test_bytes_that_are_not_text_are_unreadable_not_ignored():
     rng = random.Random(3)
     splitter.feed(bytes(rng.getrandbits(8) for _ in range(200_000)) + b"\n")
     splitter.feed(b"0.01.000.000 I srv  llama_server: a real line\n")
-    value = lambda r: pl.metrics.log_lines.labels(r)._value.get()  # noqa: E731
-    total = sum(value(r) for r in ("parsed", "ignored", "unrecognized", "unreadable", "oversized"))
+    count = lambda r: value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": r})  # noqa: E731
+    total = sum(count(r) for r in ("parsed", "ignored", "unrecognized", "unreadable", "oversized"))
     # short runs of random bytes can be plain ASCII text by chance: those few read as text
     random_lines = total - 100 - 1
-    assert value("unreadable") >= 100 + 0.97 * random_lines and value("ignored") <= 0.03 * random_lines
-    assert total == value("unreadable") + value("ignored") + value("parsed") + value("unrecognized")
+    assert count("unreadable") >= 100 + 0.97 * random_lines and count("ignored") <= 0.03 * random_lines
+    assert total == count("unreadable") + count("ignored") + count("parsed") + count("unrecognized")
     assert not isinstance(p.parse_line("0.00.001.000 I srv  llama_server: tab\there").event, p.Unreadable)

@@ -4,36 +4,16 @@ response (`timings.cache_n`, `prompt_n`, `prompt_ms`, `predicted_n`, `predicted_
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from realserver import ExporterProcess, LlamaServer
+from support import match, samples, start_exporter, wait_records
 from workload import CANARY, Truth, chat_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
-
-
-def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterProcess:
-    return ExporterProcess(
-        [
-            "--llama.url",
-            server.url,
-            "--llama.log-path",
-            str(server.log_path),
-            "--llama.log-from-start",
-            "--events.path",
-            str(workdir / "events.jsonl"),
-            "--llama.poll-interval",
-            "0.5",
-            *extra,
-        ],
-        workdir,
-    ).start()
 
 
 @dataclass
@@ -59,45 +39,6 @@ def run_workload(parts, workdir: Path, workload, **server_options) -> Run:
             exp.stop()
         srv.stop()
     return Run(truths, recs, text, srv.log_path.read_text(errors="replace"), exp.stderr_path.read_text())
-
-
-def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    recs: list[dict] = []
-    while time.monotonic() < deadline:
-        if path.exists():
-            recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-            if len(recs) >= n:
-                return recs
-        time.sleep(0.2)
-    raise AssertionError(f"only {len(recs)} of {n} records arrived in {timeout}s")
-
-
-def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
-    """Pair each response with its record by the server's own prefill and decode times
-    (printed to 0.01 ms in the log, returned unrounded in the response)."""
-    pairs = []
-    for t in truths:
-        cands = [
-            r
-            for r in records
-            if r["prefill_seconds"] is not None
-            and r["decode_seconds"] is not None
-            and abs(r["prefill_seconds"] * 1000 - t.prompt_ms) <= 0.0051
-            and abs(r["decode_seconds"] * 1000 - t.predicted_ms) <= 0.0051
-        ]
-        assert len(cands) == 1, f"{len(cands)} records match response {t}"
-        pairs.append((t, cands[0]))
-    return pairs
-
-
-def samples(text: str, name: str) -> dict[tuple, float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
-    return out
 
 
 def log_restores(log_text: str, task: int, slot: int) -> tuple[bool, bool]:

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from support import exported_metric_names
 
 ROOT = Path(__file__).resolve().parent.parent
 ALERTS = ROOT / "alerts"
@@ -86,23 +87,6 @@ def test_alerts_are_complete_and_documented():
         assert a["annotations"]["runbook_url"].endswith("#" + a["alert"].lower())
         assert a["alert"].lower() in anchors, f"no runbook section for {a['alert']}"
     assert REQUIRED <= names
-
-
-def exported_metric_names() -> set[str]:
-    """Every sample name the exporter can serve: its own families (with their _total,
-    _bucket, _sum, _count samples) and llama-server's re-exported ones."""
-    from prometheus_client import CollectorRegistry
-
-    from llamacpp_exporter.metrics import ExporterMetrics
-
-    reg = CollectorRegistry()
-    ExporterMetrics(reg)
-    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
-    names = {f.name + sfx for f in reg.collect() for sfx in suffixes.get(f.type, [""])}
-    for line in (ROOT / "tests" / "fixtures" / "server" / "metrics.txt").read_text().splitlines():
-        if line and not line.startswith("#"):
-            names.add(re.split(r"[{ ]", line, maxsplit=1)[0].replace("llamacpp:", "llamacpp_server_"))
-    return names
 
 
 METRIC_RE = re.compile(r"\b(llamacpp_[a-z0-9_]+)")

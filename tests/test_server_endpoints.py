@@ -292,7 +292,7 @@ def test_slot_ids_are_bounded_by_what_the_server_has():
         parse_slots([{"id": i} for i in range(10_000)])
     snap = parse_slots([{"id": 0}, {"id": 1}, {"id": 9999}])
     assert [s.id for s in snap.slots] == [0, 1]
-    from test_assemble import log_lines, replay_records
+    from support import log_lines, replay_records
 
     from llamacpp_exporter.pipeline import Pipeline
     from llamacpp_exporter.records import SlotState

@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+from support import value
+
 from llamacpp_exporter.tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_stream
 
 
@@ -302,7 +304,7 @@ def test_a_command_that_replays_its_history_at_every_restart_counts_each_request
     assert stats.command_restarts >= 2  # restarted, with backoff (1 s, 2 s, 4 s ...)
     assert stats.command_restarts <= 4
     assert len(recs) == 32 and not any(r.cancelled for r in recs)
-    assert pl.metrics.restarts._value.get() == 0
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total") == 0
     assert stats.replayed_lines >= 2 * len(log.read_text().splitlines()) - 10
 
 
@@ -312,7 +314,7 @@ def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tm
     requests cut short before). They are dropped; the records are those of the log read once."""
     import signal
 
-    from test_assemble import replay_records
+    from support import replay_records
 
     src = (LOGS / "lv4-np2-text.log").read_text().splitlines(keepends=True)
     path = tmp_path / "llama.log"
@@ -337,7 +339,7 @@ def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tm
 
     recs, stats, pl = _records_through_command(f"tail -n 10 -F {path}", 1, during=write_and_kill)
     assert stats.command_restarts == 3 and stats.replayed_lines == 30
-    assert pl.metrics.restarts._value.get() == 0
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total") == 0
     key = lambda r: (r.task, r.cancelled, r.prompt_tokens, r.reused_tokens)  # noqa: E731
     assert sorted(map(key, recs)) == sorted(map(key, expected))
 

@@ -141,6 +141,7 @@ class Pipeline:
         pseudonymize: Callable[[str], str] | None = None,
         costs: ConversationCosts | None = None,
     ) -> None:
+        self.registry = registry
         self.metrics = ExporterMetrics(registry, costs or ConversationCosts(clock=clock))
         self.events = EventsFile(events_path, self.metrics) if events_path else None
         self.clock = clock

@@ -1,0 +1,152 @@
+"""Helpers shared by the tests: replaying recorded logs, ground truth, matching records to
+responses, reading metrics. Test files import from here, never from each other."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
+from realserver import ExporterProcess, LlamaServer
+from workload import Truth
+
+from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.pipeline import Pipeline
+from llamacpp_exporter.records import RequestRecord
+
+
+def value(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
+    """A sample's value through the public API (0 when the series does not exist yet)."""
+    v = registry.get_sample_value(name, labels or {})
+    return 0.0 if v is None else v
+
+
+ROOT = Path(__file__).resolve().parent.parent
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+
+
+def by_timings(recs: list[RequestRecord], t: dict) -> RequestRecord:
+    m = [
+        r
+        for r in recs
+        if r.prefill_seconds is not None
+        and r.decode_seconds is not None
+        and abs(r.prefill_seconds * 1000 - t["prompt_ms"]) <= 0.0051
+        and abs(r.decode_seconds * 1000 - t["predicted_ms"]) <= 0.0051
+    ]
+    assert len(m) == 1, t
+    return m[0]
+
+
+def log_lines(name: str) -> list[str]:
+    return (LOGS / name).read_text(errors="replace").splitlines()
+
+
+def replay_records(lines, settings=None) -> tuple[list[RequestRecord], Pipeline]:
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), settings, on_record=recs.append, clock=lambda: 0.0)
+    for line in lines:
+        pl.process_line(line, 0.0)
+    pl.flush()
+    return recs, pl
+
+
+def truths(name: str) -> list[dict]:
+    return [json.loads(x) for x in (LOGS / name).read_text().splitlines()]
+
+
+SALT = "test-salt"
+
+
+def grouping_accuracy(pairs: list[tuple[str, str]]) -> float:
+    """Share of requests whose group's first request belongs to their own conversation."""
+    first: dict[str, str] = {}
+    for conv, group in pairs:
+        first.setdefault(group, conv)
+    return sum(first[g] == c for c, g in pairs) / len(pairs)
+
+
+def replay(lines, ps=None) -> list[RequestRecord]:
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), on_record=recs.append, clock=lambda: 0.0, pseudonymize=ps or Pseudonymizer(SALT))
+    for line in lines:
+        pl.process_line(line, 0.0)
+    pl.flush()
+    return recs
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the exporter can serve: its own families (with their _total,
+    _bucket, _sum, _count samples) and llama-server's re-exported ones."""
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.metrics import ExporterMetrics
+
+    reg = CollectorRegistry()
+    ExporterMetrics(reg)
+    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+    names = {f.name + sfx for f in reg.collect() for sfx in suffixes.get(f.type, [""])}
+    for line in (ROOT / "tests" / "fixtures" / "server" / "metrics.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0].replace("llamacpp:", "llamacpp_server_"))
+    return names
+
+
+def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
+    """Pair each response with its record by the server's own prefill and decode times
+    (printed to 0.01 ms in the log, returned unrounded in the response)."""
+    pairs = []
+    for t in truths:
+        cands = [
+            r
+            for r in records
+            if r["prefill_seconds"] is not None
+            and r["decode_seconds"] is not None
+            and abs(r["prefill_seconds"] * 1000 - t.prompt_ms) <= 0.0051
+            and abs(r["decode_seconds"] * 1000 - t.predicted_ms) <= 0.0051
+        ]
+        assert len(cands) == 1, f"{len(cands)} records match response {t}"
+        pairs.append((t, cands[0]))
+    return pairs
+
+
+def samples(text: str, name: str) -> dict[tuple, float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name:
+                out[tuple(sorted(s.labels.items()))] = s.value
+    return out
+
+
+def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterProcess:
+    return ExporterProcess(
+        [
+            "--llama.url",
+            server.url,
+            "--llama.log-path",
+            str(server.log_path),
+            "--llama.log-from-start",
+            "--events.path",
+            str(workdir / "events.jsonl"),
+            "--llama.poll-interval",
+            "0.5",
+            *extra,
+        ],
+        workdir,
+    ).start()
+
+
+def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    recs: list[dict] = []
+    while time.monotonic() < deadline:
+        if path.exists():
+            recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            if len(recs) >= n:
+                return recs
+        time.sleep(0.2)
+    raise AssertionError(f"only {len(recs)} of {n} records arrived in {timeout}s")
