@@ -21,7 +21,7 @@ from . import parse as p
 from .cachemirror import CacheMirror
 from .conversations import Pseudonymizer
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
-from .records import LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
+from .records import MAX_SLOTS, LoraAdapters, RequestRecord, SlotsSnapshot, selection_path
 from .timeline import PrefillTimeline, union_us
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,6 @@ JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by th
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP = 0.9
 MAX_PENDING = 256
-MAX_SLOTS = 512  # see server.MAX_SLOTS
 MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
 EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
 RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) that make a restart

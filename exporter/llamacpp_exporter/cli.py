@@ -220,17 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> Config:
     cfg = load_file(args.config_file) if args.config_file else Config()
-    cfg = override(
-        cfg,
-        "llama",
-        url=args.llama_url,
-        api_key_file=args.api_key_file,
-        api_key_env=args.api_key_env,
-        timeout_seconds=args.timeout,
-        poll_interval_seconds=args.poll_interval,
-        poll_slots=args.poll_slots,
-        poll_metrics=args.poll_metrics,
-    )
     for old, new, old_flag, new_flag in (
         ("old_log_path", "log_path", "--log.path", "--llama.log-path"),
         ("old_log_command", "log_command", "--log.command", "--llama.log-command"),
@@ -244,6 +233,13 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = override(
         cfg,
         "llama",
+        url=args.llama_url,
+        api_key_file=args.api_key_file,
+        api_key_env=args.api_key_env,
+        timeout_seconds=args.timeout,
+        poll_interval_seconds=args.poll_interval,
+        poll_slots=args.poll_slots,
+        poll_metrics=args.poll_metrics,
         log_path=args.log_path,
         log_command=args.log_command,
         log_from_start=args.from_start,

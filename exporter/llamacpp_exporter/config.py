@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
@@ -289,8 +289,6 @@ def read_salt(cfg: ConversationsConfig) -> str | None:
 
 def redact_url(url: str) -> str:
     """The URL as it may be logged: a password in it (http://user:pw@host) is replaced."""
-    from urllib.parse import urlsplit, urlunsplit
-
     try:
         parts = urlsplit(url)
         if parts.password is None:

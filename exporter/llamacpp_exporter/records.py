@@ -14,6 +14,7 @@ RESTORE_RESULTS = (
     "reprocessed",
 )
 OUTCOMES = ("hit", "partial", "miss")
+MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
 MISS_CAUSES = ("lora_discard", "forced_reprocess", "evicted", "no_cache_entry", "slot_prefix_mismatch", "unknown")
 CONTENTION = ("prefill", "none")
 

@@ -9,6 +9,7 @@ while it runs) and periodically.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from .records import LoraAdapters, SlotsSnapshot, SlotState
+from .records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +48,6 @@ class _Answer:
         return self.content.decode("utf-8", errors="replace")
 
     def json(self) -> Any:
-        import json
-
         return json.loads(self.content)
 
 
@@ -60,9 +59,6 @@ LORA_ADAPTERS_INTERVAL = 60.0
 
 
 # ---------------------------------------------------------------- pure parsers
-MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
-
-
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
