@@ -50,3 +50,6 @@ def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path, sig):
     else:
         assert 0 <= lost <= 4  # a kill loses at most the records in flight (waiting for a join or an overlap)
     assert "the saved position" in (tmp_path / "b" / "exporter.stderr").read_text()
+    # the position file holds a digest of the log's bytes, never the bytes (they may be prompt text)
+    saved = json.loads((tmp_path / "events.jsonl.log-position").read_text())
+    assert len(saved["sig"]) == 64 and bytes.fromhex(saved["sig"]) not in LOG.read_bytes()

@@ -7,6 +7,7 @@ oversized, so one runaway line cannot exhaust memory.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -115,22 +116,27 @@ class LineSplitter:
 @dataclass(frozen=True)
 class LogPosition:
     """Where the exporter is in the log: the file (path and identity), the offset of the end of
-    the last complete line, and the bytes before it (to tell the same file from a rewrite)."""
+    the last complete line, and a digest of the bytes before it (to tell the same file from a
+    rewrite). A digest, not the bytes: at -lv 5 they could be prompt text, and this is saved."""
 
     path: str
     dev: int
     ino: int
     offset: int
-    sig: bytes
+    sig: str  # sha256 of the (up to HEAD_BYTES) bytes before offset
 
     def to_json(self) -> str:
-        d = {"path": self.path, "dev": self.dev, "ino": self.ino, "offset": self.offset, "sig": self.sig.hex()}
+        d = {"path": self.path, "dev": self.dev, "ino": self.ino, "offset": self.offset, "sig": self.sig}
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> LogPosition:
         d = json.loads(text)
-        return cls(str(d["path"]), int(d["dev"]), int(d["ino"]), int(d["offset"]), bytes.fromhex(d["sig"]))
+        return cls(str(d["path"]), int(d["dev"]), int(d["ino"]), int(d["offset"]), str(d["sig"]))
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def load_position(path: str) -> LogPosition | None:
@@ -220,7 +226,7 @@ class FileFollower:
         if (st.st_dev, st.st_ino) != (r.dev, r.ino):
             return 0, "its start (the file was replaced while the exporter was down: all of it is new)"
         n = min(r.offset, HEAD_BYTES)
-        same = st.st_size >= r.offset and (n == 0 or os.pread(fh.fileno(), n, r.offset - n) == r.sig[-n:])
+        same = st.st_size >= r.offset and _digest(os.pread(fh.fileno(), n, r.offset - n) if n else b"") == r.sig
         if same:
             return r.offset, "the saved position (nothing read twice, nothing skipped)"
         return 0, "its start (the file was truncated while the exporter was down)"
@@ -231,7 +237,7 @@ class FileFollower:
             return None
         offset = self.pos - len(self.splitter.buf)
         n = min(offset, HEAD_BYTES)
-        sig = os.pread(self.fh.fileno(), n, offset - n) if n else b""
+        sig = _digest(os.pread(self.fh.fileno(), n, offset - n) if n else b"")
         return LogPosition(self.path, self.ino[0], self.ino[1], offset, sig)
 
     def poll_once(self) -> int:
