@@ -120,15 +120,18 @@ class Prometheus:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait_scraped(self, n_targets: int, timeout: float = 30.0) -> None:
+    def wait_scraped(self, n_targets: int, timeout: float = 60.0) -> None:
         """Prometheus hands targets to its scrape loop only after a few seconds: wait until every
         target has been scraped, then for one more scrape, so counters start from their zeros."""
         deadline = time.monotonic() + timeout
+        first: dict[str, str] = {}
         while time.monotonic() < deadline:
-            res = self.query("up == 1")
-            if res["status"] == "success" and len(res["data"]["result"]) >= n_targets:
-                time.sleep(2.5)
-                return
+            targets = httpx.get(self.url + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
+            scraped = {t["scrapeUrl"]: t["lastScrape"] for t in targets if t["health"] == "up"}
+            if not first and len(scraped) >= n_targets:
+                first = scraped
+            elif first and all(scraped.get(u, last) != last for u, last in first.items()):
+                return  # each target scraped again since all were first up
             time.sleep(0.3)
         raise RuntimeError("prometheus did not scrape its targets")
 

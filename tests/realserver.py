@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +51,14 @@ def model_files() -> tuple[Path, Path]:
         text=True,
     ).stdout.split()
     return Path(out[0]), Path(out[1])
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not there after {timeout}s")
+        time.sleep(0.05)
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, what: str) -> None:
@@ -202,6 +211,28 @@ class ExporterProcess:
 
     def metrics_text(self) -> str:
         return httpx.get(self.url + "/metrics", timeout=5).text
+
+    def wait_following(self) -> None:
+        """Until the log source has opened the log (it starts at the end when it finds no saved
+        position: lines written before that are not read)."""
+        wait_for(
+            lambda: "following " in self.stderr_path.read_text(), f"the exporter following its log ({self.stderr_path})"
+        )
+
+    def wait_lines_processed(self, n: int, timeout: float = 120.0) -> None:
+        """Until the pipeline has processed n log lines (its own counter, not a guess at time)."""
+        deadline = time.monotonic() + timeout
+        done = -1
+        while time.monotonic() < deadline:
+            done = sum(
+                int(float(line.rsplit(" ", 1)[1]))
+                for line in self.metrics_text().splitlines()
+                if line.startswith("llamacpp_exporter_log_lines_total{")
+            )
+            if done >= n:
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"the exporter processed {done} of {n} log lines in {timeout}s")
 
     def stop(self) -> None:
         terminate(self.proc)

@@ -18,7 +18,15 @@ import httpx
 import pytest
 import yaml
 from promql import RULE_FILES, Prometheus, dashboard_expressions, free_port, metric_names, rule_expressions
-from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files, terminate, wait_healthy
+from realserver import (
+    ExporterProcess,
+    LlamaServer,
+    llama_server_binary,
+    model_files,
+    terminate,
+    wait_for,
+    wait_healthy,
+)
 from workload import chat_workload, rotation_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
@@ -149,12 +157,19 @@ def stack(tmp_path_factory):
         ]
         for t in rotations:
             t.start()
-        seed_scenario(one.url, seed=7)
-        seed_scenario(one.url, seed=8)
-        chat_workload(two.url, turns=3, seed=19)
+        sent_one = seed_scenario(one.url, seed=7) + seed_scenario(one.url, seed=8)
+        sent_two = chat_workload(two.url, turns=3, seed=19)
         for t in rotations:
             t.join()
-        time.sleep(3)
+        sent = (sent_one, sent_two, truths["thrash"], truths["fits"])  # in the order of servers
+        # every request answered is a record in Prometheus, however slow the machine
+        want = {f"127.0.0.1:{e.port}": len(s) for s, e in zip(sent, exporters, strict=True)}
+
+        def recorded() -> dict[str, int]:
+            res = prom.query("sum by (instance) (llamacpp_requests_total)")["data"]["result"]
+            return {r["metric"]["instance"]: round(float(r["value"][1])) for r in res}
+
+        wait_for(lambda: recorded() == want, f"Prometheus holding every request ({want})", timeout=120)
         yield {"prom": prom, "receiver": receiver, "exporters": exporters, "truths": truths}
     finally:
         prom.stop()

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from realserver import ExporterProcess, free_port
+from realserver import ExporterProcess, free_port, wait_for
 
 LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 
@@ -31,15 +30,22 @@ def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path, sig):
             fh.writelines(part)
 
     third = len(lines) // 3
+    position = tmp_path / "events.jsonl.log-position"
     exp = ExporterProcess(args, tmp_path / "a").start()
+    exp.wait_following()
     write(lines[:third])
-    time.sleep(2)
+    exp.wait_lines_processed(third)
+    # records went out, so a position is saved with them (the pipeline saves it right after
+    # the lines it follows; until then a restart finds no position and starts at the end)
+    wait_for(position.exists, "the saved log position")
     exp.proc.send_signal(sig)
     exp.proc.wait(10)
     write(lines[third : 2 * third])  # written while the exporter is down
+    offset = json.loads(position.read_text())["offset"]
     exp = ExporterProcess(args, tmp_path / "b").start()
+    exp.wait_following()
     write(lines[2 * third :])
-    time.sleep(2)
+    exp.wait_lines_processed(LOG.read_bytes()[offset:].count(b"\n"))
     exp.stop()
     got = tasks(events)
     assert len(got) == len(set(got)), "a request was counted twice"

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
-from realserver import ExporterProcess, free_port
+from realserver import ExporterProcess, free_port, wait_for
 
 from llamacpp_exporter.metrics import ExporterMetrics
 from llamacpp_exporter.records import SlotsSnapshot
@@ -75,7 +75,8 @@ class FakeBehaviour:
     delay = 0.0
     status = 200
     slots_body = b"[]"
-    drip: set[str] = set()  # paths answered one byte at a time, 0.2 s apart
+    drip: set[str] = set()  # paths answered one byte at a time, drip_interval apart
+    drip_interval = 0.2
 
 
 def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
@@ -98,7 +99,7 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
                     for i in range(len(body)):
                         self.wfile.write(body[i : i + 1])
                         self.wfile.flush()
-                        time.sleep(0.2)
+                        time.sleep(behaviour.drip_interval)
                 else:
                     self.wfile.write(body)
             except OSError:
@@ -162,17 +163,18 @@ def test_poller_garbage_and_errors_are_counted_not_raised():
 
 def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
     class B(FakeBehaviour):
-        delay = 5.0
+        delay = 60.0
 
     srv, url = serve(B)
     exp = ExporterProcess(
-        ["--llama.url", url, "--llama.timeout", "1", "--llama.poll-interval", "0.2"], tmp_path
+        ["--llama.url", url, "--llama.timeout", "30", "--llama.poll-interval", "0.2"], tmp_path
     ).start()
     try:
         for _ in range(5):
             t0 = time.monotonic()
-            r = httpx.get(exp.url + "/metrics", timeout=10)
-            assert r.status_code == 200 and time.monotonic() - t0 < 0.5
+            r = httpx.get(exp.url + "/metrics", timeout=30)
+            # a scrape waiting on the server would take its 30 s timeout or more
+            assert r.status_code == 200 and time.monotonic() - t0 < 10
             time.sleep(0.3)
         assert "llamacpp_requests_total" in r.text
     finally:
@@ -263,7 +265,7 @@ def test_a_loading_llama_server_is_loading_not_down(tmp_path):
     w.start()
     try:
         server.start()
-        time.sleep(0.5)
+        wait_for(lambda: bool(seen) and seen[-1] == (False, True), "the exporter seeing the server up")
     finally:
         stop.set()
         w.join()
@@ -335,25 +337,28 @@ def test_an_oversized_answer_is_dropped_and_counted_not_buffered():
 
 
 def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monkeypatch):
-    """/health dripping a byte every 0.2 s: down after the 0.3 s deadline, not when the answer
-    ends. /slots dripping: given up after its own deadline, while /health, polled on its own
-    thread, keeps reporting the truth."""
+    """/health dripping a byte a second (15 s in all): down after the 1 s deadline, not when
+    the answer ends. /slots dripping (60 s in all): given up after its own 5 s deadline, while
+    /health, polled on its own thread, keeps reporting the truth. The scales are far apart so
+    that a slow machine cannot blur them."""
     import llamacpp_exporter.server as server_mod
 
-    monkeypatch.setattr(server_mod, "QUEUED_READ_TIMEOUT", 1.0)
+    monkeypatch.setattr(server_mod, "QUEUED_READ_TIMEOUT", 5.0)
 
     class B(FakeBehaviour):
         drip = {"/health"}
+        drip_interval = 1.0
 
     srv, url = serve(B)
     try:
-        poller, reg, _ = poller_for(url, timeout=0.3)
+        poller, reg, _ = poller_for(url, timeout=1.0)
         t0 = time.monotonic()
         poller.poll_health_once()
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 10.0  # the deadline, not the 15 s answer
         assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 0
         B.drip = {"/slots"}
-        B.slots_body = b"[" + b" " * 100 + b"]"
+        B.drip_interval = 0.2
+        B.slots_body = b"[" + b" " * 300 + b"]"
         stop = threading.Event()
         threads = [
             threading.Thread(target=poller.run, args=(stop,)),
@@ -361,11 +366,16 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
         ]
         for t in threads:
             t.start()
-        time.sleep(0.8)  # /slots is still dripping: /health is up all the same
-        assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 1
+
+        def up(endpoint: str) -> float | None:
+            return reg.get_sample_value("llamacpp_up", {"endpoint": endpoint})
+
+        wait_for(lambda: up("health") == 1, "/health up")
+        assert up("slots") is None  # /slots is still dripping: /health is up all the same
         assert reg.get_sample_value("llamacpp_exporter_last_success_timestamp_seconds", {"endpoint": "health"}) > 0
-        time.sleep(1.5)
-        assert reg.get_sample_value("llamacpp_up", {"endpoint": "slots"}) == 0  # deadline, not 20 s later
+        t0 = time.monotonic()
+        wait_for(lambda: up("slots") == 0, "/slots given up", timeout=40)
+        assert time.monotonic() - t0 < 40  # its deadline, not the 60 s answer
         stop.set()
         for t in threads:
             t.join(5)
