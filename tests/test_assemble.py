@@ -154,15 +154,29 @@ def test_lora_unknown_when_slots_never_showed_the_task():
 
 
 def test_state_is_bounded_under_endless_tasks():
-    a = Assembler(sink=_NullSink())
+    """20000 tasks on 4 slots of one server process, each released and seen in /slots with a
+    LoRA list, no client ever sending an id: every per-task map stays at its cap."""
+    from llamacpp_exporter import attribution, finish, lora, timeline
+
+    a = Assembler(sink=_NullSink(), slots_polled=True)
+
+    def ts(us: int) -> str:
+        return f"{us // 60_000_000}.{us // 1_000_000 % 60:02d}.{us // 1000 % 1000:03d}.{us % 1000:03d}"
+
     for task in range(20000):
+        us = task * 2000
         for line in (
-            f"0.00.{task % 60:02d}.000 I slot launch_slot_: id  {task % 4} | task {task} | processing task, is_child = 0",
-            f"0.00.{task % 60:02d}.001 I slot      release: id  {task % 4} | task {task} | stop processing: n_tokens = 5, truncated = 0",
+            f"{ts(us)} I slot launch_slot_: id  {task % 4} | task {task} | processing task, is_child = 0",
+            f"{ts(us + 1000)} I slot      release: id  {task % 4} | task {task} | stop processing: n_tokens = 5, truncated = 0",
         ):
             a.feed(p.parse_line(line), 0)
-    assert len(a._pending) <= 256
-    assert all(len(s.prefills or []) <= 32 for s in a._slots.values())
+        a.feed_snapshot(snapshot(task % 4, task, ((0, 0.5),), processing=False))
+    assert a.epoch == 0
+    assert len(a.finisher.pending) <= finish.MAX_PENDING
+    assert all(len(pf) <= timeline.MAX_PREFILL_HISTORY for pf in a.prefills.slots.values())
+    assert len(a.lora._by_task) <= lora.MAX_TASKS
+    att = a.attribution
+    assert len(att._conv) <= attribution.MAX_TASKS and len(att._lineage_parent) <= attribution.MAX_TASKS
 
 
 class _NullSink:

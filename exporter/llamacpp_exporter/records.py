@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 PATHS = ("slot", "ram", "pinned", "unknown")
 LORA_STATES = ("none", "active", "unknown")
@@ -25,9 +25,10 @@ def selection_path(method: str | None) -> str:
     return _SELECTION_PATH.get(method or "", "unknown")
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class RequestRecord:
-    """Everything the exporter learned about one task. Numbers and fixed words only."""
+    """Everything the exporter learned about one finished task. Numbers and fixed words only;
+    frozen: the metrics, the events file and the callbacks all see the same record."""
 
     epoch: int
     slot: int
@@ -69,22 +70,49 @@ class RequestRecord:
     failed: bool = False
     start_us: int | None = None
     end_us: int | None = None
-    # assembly bookkeeping, not exported
-    _entry_source: tuple[int, int] | None = field(default=None, repr=False)
-    _lora_request: tuple[tuple[int, float], ...] | None = field(default=None, repr=False)
-    _released_seq: int | None = field(default=None, repr=False)
-    _prefill_start_us: int | None = field(default=None, repr=False)
-    _prefill_end_us: int | None = field(default=None, repr=False)
-    _decode_start_us: int | None = field(default=None, repr=False)
-    _decode_end_us: int | None = field(default=None, repr=False)
-    _offered_tokens: int | None = field(default=None, repr=False)
-    _offered_f_sim: float | None = field(default=None, repr=False)
-    _is_child: bool = field(default=False, repr=False)  # a child task of an n > 1 request
 
     def to_event(self) -> dict:
-        """The events-file line: public fields only."""
-        d = asdict(self)
-        return {k: v for k, v in d.items() if not k.startswith("_")}
+        """The events-file line."""
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class TaskDraft:
+    """What the log has said so far about one task (the assembler's working state). The
+    finisher turns it into a RequestRecord: these facts, plus what is derived from them."""
+
+    epoch: int
+    slot: int
+    task: int
+    start_us: int
+    is_child: bool = False  # a child task of an n > 1 request
+    path: str = "unknown"
+    prompt_tokens: int | None = None
+    reused_tokens: int | None = None
+    reuse_source: str | None = None
+    slot_tokens_before: int | None = None
+    ram_consulted: bool = False
+    ram_candidates: int = 0
+    ram_best_f_sim: float | None = None
+    ram_restored: bool = False
+    restored_tokens: int | None = None
+    entry_source: tuple[int, int] | None = None  # (epoch, task) that computed the restored entry
+    offered_tokens: int | None = None  # the restored entry's common prefix with the prompt
+    offered_f_sim: float | None = None  # the slot's similarity to the prompt (LCP selection)
+    lora_cache_cleared: bool = False
+    forced_reprocess: bool = False
+    lora_request: tuple[tuple[int, float], ...] | None = None  # from /slots
+    prefill_seconds: float | None = None
+    prefill_tokens: int | None = None
+    generated_tokens: int | None = None
+    decode_seconds: float | None = None
+    time_per_output_token_seconds: float | None = None
+    decode_start_us: int | None = None
+    decode_end_us: int | None = None
+    cancelled: bool = False
+    failed: bool = False
+    end_us: int | None = None
+    released_seq: int | None = None  # /slots snapshots seen when it was released
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,192 @@
+"""Which conversation each task belongs to, and what a conversation's prefills cost the others.
+
+A request with an X-Conversation-Id is named by the header join (join.py). One without is named
+by cache lineage: a task that continues the state of an earlier task (the slot it kept, or the
+RAM-cache entry it restored) continues that task's conversation. Here, too: which conversation
+lost its RAM-cache entry to an eviction (a miss when it comes back is thrashing), and which
+conversations' prefills overlapped another request's decoding.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from . import parse as p
+from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
+from .promptcache import Selection
+
+TaskKey = tuple[int, int]  # (epoch, task)
+Conversation = tuple[str | None, str]  # (pseudonym or None, source: header, lineage, uncertain)
+
+MAX_TASKS = 4096
+MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
+JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by then says "uncertain"
+# A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
+# conversations that merely share a system prompt keep less of each other.
+LINEAGE_MIN_F_KEEP = 0.9
+
+
+class AttributionSink(Protocol):
+    def conversation_cost(self, conversation: str, seconds: float) -> None: ...
+    def conversation_arrival_dropped(self) -> None: ...
+
+
+class Attribution:
+    def __init__(
+        self,
+        sink: AttributionSink,
+        pseudonymize: Callable[[str], str],
+        now: Callable[[], int],
+        all_idle: Callable[[], bool],
+    ) -> None:
+        self.sink = sink
+        self.pseudonymize = pseudonymize
+        self.now = now  # server time of the line being read
+        self.all_idle = all_idle  # no slot is running a task
+        self.epoch = 0
+        self.lineage_only = False  # below -lv 4 no request shows its id
+        self._conv: OrderedDict[TaskKey, Conversation] = OrderedDict()  # once final
+        self._lineage_parent: OrderedDict[TaskKey, TaskKey | None] = OrderedDict()
+        # conversation -> server time its RAM-cache entry was evicted (pushed out to make room),
+        # until its next request: a miss then is thrashing, not a full cache doing its job
+        self._evicted: OrderedDict[str, int] = OrderedDict()
+        self._evicted_unresolved: list[tuple[TaskKey, int]] = []
+        self.join = HeaderJoin()
+        self._dropped_seen = 0
+
+    def new_epoch(self, epoch: int, n_slots: int | None) -> None:
+        """A new server process: a new join, aligned at its start banner or an idle spell."""
+        self.epoch = epoch
+        self.join = HeaderJoin()
+        self.join.n_slots = n_slots
+        self._dropped_seen = 0
+
+    # ------------------------------------------------------------ the join's lines
+    def arrival(self, ev: p.ConversationArrived) -> None:
+        # pseudonymised at once: the raw header value is not kept
+        name = self.pseudonymize("id:" + ev.raw_id) if ev.raw_id else ""
+        self.join.arrival(name, self.now(), self.all_idle())
+        self._count_dropped()
+
+    def params_read(self, ev: p.RequestParamsRead) -> None:
+        self.join.params_read(self.now())
+
+    def slot_busy(self, ev: p.SlotBusy) -> None:
+        self.join.slot_busy(ev.slot)
+
+    def launch_failed(self, ev: p.TaskLaunchFailed) -> None:
+        self.join.launched(ev.task, self.now(), self.all_idle())
+
+    def launched(self, task: int, parent: TaskKey | None) -> None:
+        """Called before the task occupies its slot (the join wants the idle state before)."""
+        self.join.launched(task, self.now(), self.all_idle())
+        self._count_dropped()
+        self._lineage_parent[(self.epoch, task)] = parent
+        if len(self._lineage_parent) > MAX_TASKS:
+            self._lineage_parent.popitem(last=False)
+
+    def _count_dropped(self) -> None:
+        while self._dropped_seen < self.join.dropped_arrivals:
+            self._dropped_seen += 1
+            self.sink.conversation_arrival_dropped()
+
+    # ------------------------------------------------------------ answers
+    def conversation(self, epoch: int, task: int, give_up: bool = False) -> Conversation | None:
+        """(pseudonym or None, source) of a task once the log proves it, else None.
+
+        header: the request's X-Conversation-Id. lineage: it sent none, so the conversation
+        is that of the state it continued, if that state's conversation was itself found by
+        lineage (an id-less request is never merged into a conversation that has an id), else
+        a new one. uncertain: the log cannot tell which request the task was."""
+        key = (epoch, task)
+        known = self._conv.get(key)
+        if known is not None:
+            return known
+        if self.lineage_only:
+            res: tuple[str, str] | None = (NONE, "")
+        else:
+            res = self.join.result(task) if epoch == self.epoch else (UNCERTAIN, "")
+            if res is None and not self.join.pending(task):
+                res = (UNCERTAIN, "")  # a child task, or one the join never saw launch
+        if res is None:
+            if not give_up:
+                return None
+            res = self.join.give_up(task)
+        source, name = res
+        if source == HEADER:
+            out: Conversation = (name, "header")
+        elif source == UNCERTAIN:
+            out = (None, "uncertain")
+        else:
+            conv = None
+            parent = self._lineage_parent.get(key)
+            if parent is not None:
+                pc = self.conversation(*parent)
+                if pc is None and not give_up:
+                    return None
+                if pc is not None and pc[1] == "lineage":
+                    conv = pc[0]
+            out = (conv or self.pseudonymize(f"lineage:{epoch}:{task}"), "lineage")
+        self._conv[key] = out
+        if len(self._conv) > MAX_TASKS:
+            self._conv.popitem(last=False)
+        return out
+
+    def entry_evicted(self, source: TaskKey) -> None:
+        self._evicted_unresolved.append((source, self.now()))
+        self._resolve_evicted()
+
+    def _resolve_evicted(self) -> None:
+        still = []
+        for source, at in self._evicted_unresolved:
+            conv = self.conversation(*source)
+            if conv is None:
+                if self.now() - at < JOIN_MAX_WAIT_US:
+                    still.append((source, at))
+                continue
+            if conv[0] is not None and conv[1] == "header":
+                self._evicted[conv[0]] = at
+                self._evicted.move_to_end(conv[0])
+                if len(self._evicted) > MAX_EVICTED:
+                    self._evicted.popitem(last=False)
+        self._evicted_unresolved = still
+
+    def came_back_after_eviction(self, conversation: str, start_us: int) -> bool:
+        """The conversation's RAM-cache entry was evicted before this request of it started
+        (consumed: one return per eviction). Only a conversation id proves the two belong
+        together; without one a miss stays no_cache_entry (evicted or never saved)."""
+        if self._evicted_unresolved:
+            self._resolve_evicted()
+        at = self._evicted.get(conversation)
+        if at is None or at >= start_us:
+            return False
+        del self._evicted[conversation]
+        return True
+
+    def charge(self, overlaps: Iterable[tuple[int, int, int]]) -> str | None:
+        """Charge each prefilling conversation its share of another request's decoding,
+        (task, from, to) in the current epoch. Returns the conversation that overlapped most."""
+        by_conv: dict[str, int] = {}
+        for task, lo, hi in overlaps:
+            known = self.conversation(self.epoch, task)
+            if known is not None and known[0] is not None:
+                by_conv[known[0]] = by_conv.get(known[0], 0) + hi - lo
+        for conv, us in by_conv.items():
+            self.sink.conversation_cost(conv, us / 1e6)
+        return max(by_conv, key=lambda c: by_conv[c]) if by_conv else None
+
+
+def lineage_parent(sel: Selection | None, epoch: int, last_task: int | None) -> TaskKey | None:
+    """The state a task continues, for when its request turns out to carry no id: the slot's
+    previous task (selected by LCP, f_keep >= LINEAGE_MIN_F_KEEP) or the task that computed the
+    RAM-cache entry it restored. A pinned request (id_slot) is not a continuation by itself:
+    the log does not say how much of the slot it kept."""
+    if sel is None:
+        return None
+    if sel.method == "lcp" and (sel.f_keep or 0.0) >= LINEAGE_MIN_F_KEEP and last_task is not None:
+        return (epoch, last_task)
+    if sel.restored_source is not None and (sel.restored_f_keep or 0.0) >= LINEAGE_MIN_F_KEEP:
+        return sel.restored_source
+    return None

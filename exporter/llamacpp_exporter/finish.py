@@ -1,0 +1,199 @@
+"""When a released task becomes a record, and what is derived for it then.
+
+A task is released with its own facts; a few things it is judged by arrive later: its LoRA list
+(the next /slots poll), the conversations of its own request and of the prefills that overlapped
+its decoding (the join), and the exact end of those prefills (their timings). It waits here,
+bounded in number and in server time, then it is classified (classify.py) and emitted as a
+frozen RequestRecord. What could not be proven by then stays unknown, never guessed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from . import classify, lora
+from .attribution import JOIN_MAX_WAIT_US, Attribution
+from .lora import LoraTracker
+from .records import RequestRecord, TaskDraft
+from .timeline import PrefillTimeline, union_us
+
+MAX_PENDING = 256
+
+
+@dataclass(frozen=True, slots=True)
+class AssemblySettings:
+    min_prompt_tokens: int = 1024
+    hit_ratio: float = 0.9
+    miss_ratio: float = 0.1
+    contention_fraction: float = 0.1
+    small_task_tokens: int = 256
+    big_conversation_tokens: int = 1024
+    # how long (server log time) a finished record may wait for /slots or for another
+    # slot's prefill to end before it is emitted with what is known
+    max_wait_us: int = 600_000_000
+
+
+class RecordSink(Protocol):
+    def request(self, record: RequestRecord) -> None: ...
+
+
+class Finisher:
+    def __init__(
+        self,
+        sink: RecordSink,
+        settings: AssemblySettings,
+        lora_tracker: LoraTracker,
+        attribution: Attribution,
+        slots_polled: bool,
+    ) -> None:
+        self.sink = sink
+        self.settings = settings
+        self.lora = lora_tracker
+        self.attribution = attribution
+        self.slots_polled = slots_polled
+        self.pending: list[TaskDraft] = []
+        self.prefills = PrefillTimeline()  # the current epoch's, set by the assembler
+        self.snapshot_seq = 0  # /slots snapshots seen
+
+    def add(self, d: TaskDraft) -> None:
+        d.released_seq = self.snapshot_seq
+        self.pending.append(d)
+        if len(self.pending) > MAX_PENDING:
+            self._finish(self.pending[0])
+
+    # ------------------------------------------------------------ waiting
+    def _lora_resolved(self, d: TaskDraft) -> bool:
+        if d.lora_request is not None or not self.slots_polled:
+            return True
+        # a /slots poll taken after the release that did not show the task: give up
+        return d.released_seq is not None and self.snapshot_seq > d.released_seq + 1
+
+    def _conversations_known(self, d: TaskDraft) -> bool:
+        """Its own conversation, and those of the prefills its decoding overlapped (they are
+        charged the cost), are proven or found uncertain."""
+        att = self.attribution
+        if d.epoch != att.epoch:
+            return True
+        if not d.is_child and att.conversation(d.epoch, d.task) is None:
+            return False
+        return all(att.conversation(att.epoch, task) is not None for task, _, _ in self._overlapping(d))
+
+    def _overlap_resolved(self, d: TaskDraft) -> bool:
+        if d.decode_start_us is None or d.end_us is None:
+            return True
+        return self.prefills.settled_before(d.slot, d.end_us)
+
+    def try_finish(self, now: int) -> None:
+        for d in list(self.pending):
+            waited = now - (d.end_us or now)
+            if waited > self.settings.max_wait_us or (
+                self._lora_resolved(d)
+                and self._overlap_resolved(d)
+                and (waited > JOIN_MAX_WAIT_US or self._conversations_known(d))
+            ):
+                self._finish(d)
+
+    def finish_all(self) -> None:
+        for d in list(self.pending):
+            self._finish(d)
+
+    def _overlapping(self, d: TaskDraft):
+        """(task, from, to) for every other slot's prefill during this task's decoding."""
+        start, end = d.decode_start_us, d.decode_end_us
+        if start is None or end is None or not d.decode_seconds:
+            return ()
+        return self.prefills.overlapping(d.slot, start, end)
+
+    # ------------------------------------------------------------ the record
+    def _finish(self, d: TaskDraft) -> None:
+        self.pending.remove(d)
+        st = self.settings
+        conv, conv_source = (None, None) if d.is_child else self.attribution.conversation(d.epoch, d.task, True)  # type: ignore[misc]
+        request = d.lora_request if d.lora_request is not None else self.lora.of_task((d.epoch, d.task))
+        lora_config = self.lora.config(request)
+        entry_lora_config = self.lora.config(self.lora.of_task(d.entry_source))
+        restore_result, mismatch = None, False
+        if d.ram_restored:  # what became of a restored entry
+            restore_result, mismatch = classify.restore_result(
+                lora_cache_cleared=d.lora_cache_cleared,
+                forced_reprocess=d.forced_reprocess,
+                reused_tokens=d.reused_tokens,
+                reuse_known=d.reuse_source is not None,
+                lora_config=lora_config,
+                entry_lora_config=entry_lora_config,
+            )
+        # prompt tokens the slot or the RAM cache offered but that were computed again
+        offered = classify.offered_tokens(d.offered_tokens, d.offered_f_sim, d.prompt_tokens)
+        wasted = max(0, offered - d.reused_tokens) if offered is not None and d.reused_tokens is not None else None
+        outcome = miss_cause = None
+        takeover = False
+        if d.prompt_tokens and d.reused_tokens is not None:
+            outcome = classify.outcome(
+                d.prompt_tokens, d.reused_tokens, st.min_prompt_tokens, st.hit_ratio, st.miss_ratio
+            )
+            if classify.is_miss(d.prompt_tokens, d.reused_tokens, st.miss_ratio):
+                miss_cause = classify.miss_cause(
+                    restore_result=restore_result,
+                    lora_cache_cleared=d.lora_cache_cleared,
+                    forced_reprocess=d.forced_reprocess,
+                    offered_enough=(offered or 0) >= st.miss_ratio * d.prompt_tokens,
+                    ram_consulted=d.ram_consulted,
+                    ram_restored=d.ram_restored,
+                    path=d.path,
+                )
+            takeover = classify.small_task_takeover(
+                d.prompt_tokens, d.slot_tokens_before, st.small_task_tokens, st.big_conversation_tokens
+            )
+        if conv_source == "header" and self.attribution.came_back_after_eviction(conv, d.start_us):
+            if miss_cause == "no_cache_entry":
+                miss_cause = "evicted"
+        # other slots' prefills during this request's decoding, charged to their conversations
+        overlap, contention, slowed_by = 0.0, None, None
+        if d.decode_start_us is not None and d.decode_end_us is not None and d.decode_seconds:
+            overlaps = list(self._overlapping(d))
+            slowed_by = self.attribution.charge(overlaps)
+            overlap = union_us([(lo, hi) for _, lo, hi in overlaps]) / 1e6
+            contention = "prefill" if overlap / d.decode_seconds > st.contention_fraction else "none"
+        self.sink.request(
+            RequestRecord(
+                epoch=d.epoch,
+                slot=d.slot,
+                task=d.task,
+                path=d.path,
+                lora=lora.state(request),
+                lora_config=lora_config,
+                prompt_tokens=d.prompt_tokens,
+                reused_tokens=d.reused_tokens,
+                reuse_source=d.reuse_source,
+                slot_tokens_before=d.slot_tokens_before,
+                ram_consulted=d.ram_consulted,
+                ram_candidates=d.ram_candidates,
+                ram_best_f_sim=d.ram_best_f_sim,
+                ram_restored=d.ram_restored,
+                restored_tokens=d.restored_tokens,
+                restored_entry_lora_config=entry_lora_config if d.entry_source is not None else None,
+                restore_result=restore_result,
+                lora_mismatch_reuse=mismatch,
+                lora_cache_cleared=d.lora_cache_cleared,
+                forced_reprocess=d.forced_reprocess,
+                outcome=outcome,
+                miss_cause=miss_cause,
+                small_task_takeover=takeover,
+                prefill_seconds=d.prefill_seconds,
+                prefill_tokens=d.prefill_tokens,
+                generated_tokens=d.generated_tokens,
+                decode_seconds=d.decode_seconds,
+                time_per_output_token_seconds=d.time_per_output_token_seconds,
+                overlap_seconds=overlap,
+                contention=contention,
+                conversation=conv,
+                conversation_source=conv_source,
+                wasted_prompt_tokens=wasted,
+                slowed_by_conversation=slowed_by,
+                cancelled=d.cancelled,
+                failed=d.failed,
+                start_us=d.start_us,
+                end_us=d.end_us,
+            )
+        )

@@ -1,0 +1,156 @@
+"""What llama-server's RAM prompt-cache lines say about the request being selected.
+
+Between a slot's selection and its task's launch the server prints its cache lines (-lv 4):
+the save of the slot's old state, the lookup's candidates, the restore, the update's evictions
+and listing. They name no task: they belong to the selection that came just before, or to an
+idle slot's save. This module keeps that context, feeds the entry mirror (cachemirror.py), and
+collects on the Selection what the task launched next inherits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from . import parse as p
+from .cachemirror import CacheMirror, Source
+
+MIB = 1048576.0
+
+
+class CacheSink(Protocol):
+    def cache_state(self, entries: int, size_bytes: float, limit_bytes: float) -> None: ...
+    def cache_saved(self) -> None: ...
+    def cache_evicted(self, size_bytes: float) -> None: ...
+    def cache_update_duration(self, seconds: float) -> None: ...
+
+
+@dataclass(slots=True)
+class Selection:
+    """A slot chosen for the next task, and what the RAM cache did for it."""
+
+    slot: int
+    method: str  # lcp, lru, id (see records.selection_path)
+    slot_tokens_before: int | None
+    ram_consulted: bool = False
+    candidates: list[p.CacheCandidate] | None = None
+    best_f_sim: float | None = None
+    restored_tokens: int | None = None  # -1: restored, but which entry is not known
+    restored_source: Source | None = None  # (epoch, task) that computed the entry
+    restored_f_keep: float | None = None
+    restored_lcp: int | None = None
+    f_keep: float | None = None  # of the LCP selection
+    f_sim: float | None = None
+    lora_cleared: bool = False
+
+
+class PromptCacheLog:
+    def __init__(
+        self, sink: CacheSink, on_evicted: Callable[[Source], None], on_diagnostics: Callable[[], None]
+    ) -> None:
+        self.sink = sink
+        self.mirror = CacheMirror(sink.cache_saved, on_evicted)
+        self.on_diagnostics = on_diagnostics  # a cache line proves -lv 4
+        self.selection: Selection | None = None  # the selection the lines belong to
+        self.source: Source | None = None  # the content being saved
+
+    # ------------------------------------------------------------ context
+    def selected(self, sel: Selection, source: Source | None) -> None:
+        self.selection, self.source = sel, source
+
+    def idle_slot_saving(self, source: Source | None) -> None:
+        self.selection, self.source = None, source
+
+    def launched(self, sel: Selection | None) -> None:
+        if self.selection is sel:
+            self.selection = None
+
+    def before(self, ev: object) -> None:
+        """Any other line ends a listing, and a save (its own removals are part of it)."""
+        m = self.mirror
+        if m.listing and not isinstance(ev, p.CacheEntryListed):
+            m.close_listing()
+        if m.saving and type(ev) not in _PART_OF_SAVE:
+            m.commit_save()
+
+    # ------------------------------------------------------------ lines
+    def update_started(self, ev: p.CacheUpdateStarted) -> None:
+        if self.selection is not None:
+            self.selection.ram_consulted = True
+            self.selection.candidates = []
+        self.on_diagnostics()
+
+    def prompt_saved(self, ev: p.PromptSaved) -> None:
+        self.mirror.save_started(ev.n_tokens, self.source)
+        sel = self.selection
+        if sel is not None and sel.slot_tokens_before is None:
+            sel.slot_tokens_before = ev.n_tokens
+
+    def save_skipped(self, ev: p.PromptSaveSkipped) -> None:
+        self.mirror.save_skipped()
+
+    def candidate(self, ev: p.CacheCandidate) -> None:
+        sel = self.selection
+        if sel is None:
+            return
+        if sel.candidates is None:
+            sel.candidates = []
+        sel.candidates.append(ev)
+        f = float(ev.f_sim)
+        if sel.best_f_sim is None or f > sel.best_f_sim:
+            sel.best_f_sim = f
+
+    def restored(self, ev: p.CacheRestored) -> None:
+        sel = self.selection
+        if sel is None:
+            return
+        # the first candidate with the printed best values (the server needs strictly better)
+        candidates = sel.candidates or []
+        k = next((i for i, c in enumerate(candidates) if c.f_keep == ev.f_keep and c.f_sim == ev.f_sim), None)
+        winner = candidates[k] if k is not None else None
+        sel.restored_tokens = winner.n_tokens if winner else -1
+        sel.restored_lcp = winner.lcp if winner else None
+        if k is not None:
+            source = self.mirror.restored([c.n_tokens for c in candidates], k)
+            if source is not False:
+                sel.restored_source = source  # type: ignore[assignment]
+        try:
+            sel.restored_f_keep = float(ev.f_keep)
+        except ValueError:
+            sel.restored_f_keep = None
+
+    def state(self, ev: p.CacheState) -> None:
+        self.sink.cache_state(ev.n_prompts, ev.size_mib * MIB, ev.limit_mib * MIB)
+        self.mirror.listing_started(ev.n_prompts)
+
+    def entry_listed(self, ev: p.CacheEntryListed) -> None:
+        self.mirror.listed(ev.n_tokens)
+
+    def update_took(self, ev: p.CacheUpdateTook) -> None:
+        self.sink.cache_update_duration(ev.ms / 1000.0)
+
+    def evicted(self, ev: p.CacheEvicted) -> None:
+        self.mirror.evicted(ev.making_room)
+        self.sink.cache_evicted(ev.size_mib * MIB)
+
+    def obsolete_removed(self, ev: p.ObsoleteEntryRemoved) -> None:
+        self.mirror.obsolete_removed(ev.n_tokens)
+
+    def handlers(self) -> dict[type, Callable]:
+        return {
+            p.CacheUpdateStarted: self.update_started,
+            p.PromptSaved: self.prompt_saved,
+            p.PromptSaveSkipped: self.save_skipped,
+            p.CacheCandidate: self.candidate,
+            p.CacheRestored: self.restored,
+            p.CacheState: self.state,
+            p.CacheEntryListed: self.entry_listed,
+            p.CacheUpdateTook: self.update_took,
+            p.CacheEvicted: self.evicted,
+            p.ObsoleteEntryRemoved: self.obsolete_removed,
+        }
+
+
+# Lines between "saving prompt" and the moment the entry is pushed (alloc's own removals)
+_PART_OF_SAVE = frozenset({p.PromptSaveSkipped, p.ObsoleteEntryRemoved, p.CacheEvicted})
