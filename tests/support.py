@@ -83,10 +83,14 @@ def exported_metric_names() -> set[str]:
     _bucket, _sum, _count samples) and llama-server's re-exported ones."""
     from prometheus_client import CollectorRegistry
 
-    from llamacpp_exporter.metrics import ExporterMetrics
+    from llamacpp_exporter.pipeline import Pipeline
+    from llamacpp_exporter.server import PollerMetrics
+    from llamacpp_exporter.tail import SourceStats
 
-    reg = CollectorRegistry()
-    ExporterMetrics(reg)
+    reg = CollectorRegistry()  # what the exporter registers: the pipeline's, the poller's, the source's
+    Pipeline(reg, events_path="unused.jsonl")  # the events file is opened at the first record only
+    PollerMetrics(reg)
+    SourceStats(reg)
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
     names = {f.name + sfx for f in reg.collect() for sfx in suffixes.get(f.type, [""])}
     for line in (ROOT / "tests" / "fixtures" / "server" / "metrics.txt").read_text().splitlines():

@@ -1,4 +1,4 @@
-"""Style is checked like the tests: ruff lint and format over the package, tests and benchmarks."""
+"""Style and types are checked like the tests: ruff lint and format over the package, tests and benchmarks; mypy over the package."""
 
 import subprocess
 import sys
@@ -17,4 +17,10 @@ def test_ruff_format():
     res = subprocess.run(
         [sys.executable, "-m", "ruff", "format", "--check", *PATHS], cwd=ROOT, capture_output=True, text=True
     )
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_types():
+    """mypy over the package (settings in pyproject.toml): the types the code states hold."""
+    res = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr

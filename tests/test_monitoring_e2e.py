@@ -131,7 +131,11 @@ def stack(tmp_path_factory):
     servers = (one, two, thrash, fits)
     exporters = [
         ExporterProcess(
-            ["--llama.url", s.url, "--llama.log-path", str(s.log_path), "--llama.poll-interval", "0.5"], s.workdir
+            [
+                *("--llama.url", s.url, "--llama.log-path", str(s.log_path), "--llama.poll-interval", "0.5"),
+                *("--events.path", str(s.workdir / "events.jsonl")),  # its write-error counter exists with it
+            ],
+            s.workdir,
         ).start()
         for s in servers
     ]

@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 from realserver import ExporterProcess, free_port, wait_for
 
-from llamacpp_exporter.metrics import ExporterMetrics
 from llamacpp_exporter.records import SlotsSnapshot
 from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
 
@@ -116,7 +115,6 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
 
 def poller_for(url: str, timeout: float = 0.3):
     reg = CollectorRegistry()
-    m = ExporterMetrics(reg)
     got = []
     return (
         ServerPoller(
@@ -126,7 +124,7 @@ def poller_for(url: str, timeout: float = 0.3):
             interval=1,
             poll_slots=True,
             poll_metrics=True,
-            metrics=m,
+            registry=reg,
             on_snapshot=got.append,
             on_adapters=got.append,
         ),

@@ -187,7 +187,6 @@ class Exporter:
             pseudonymize=Pseudonymizer(salt),
             costs=self.costs,
         )
-        self.metrics = self.pipeline.metrics
         self.poller = ServerPoller(
             cfg.llama.url,
             api_key=api_key,
@@ -195,7 +194,7 @@ class Exporter:
             interval=cfg.llama.poll_interval_seconds,
             poll_slots=cfg.llama.poll_slots,
             poll_metrics=cfg.llama.poll_metrics,
-            metrics=self.metrics,
+            registry=self.registry,
             on_snapshot=lambda s: self._put(s),
             on_adapters=lambda a: self._put(a),
         )
@@ -219,7 +218,7 @@ class Exporter:
             "1 while the log follower, the pipeline and the poller run (as /-/ready), 0 when one has stopped.",
             registry=self.registry,
         ).set_function(lambda: 0.0 if self.not_running() else 1.0)
-        self.stats = SourceStats(self.metrics)
+        self.stats = SourceStats(self.registry)
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None
 
@@ -279,7 +278,7 @@ class Exporter:
                 # saved at once when records went out since the last save (a restart must not
                 # emit them again), else at most once a second
                 if (
-                    pl.sink.records_out != self._records_at_save
+                    pl.records_out != self._records_at_save
                     or time.monotonic() - self._position_saved >= POSITION_SAVE_INTERVAL
                 ):
                     self._save_position()
@@ -332,7 +331,7 @@ class Exporter:
         if self.position_path is None or self._position is None:
             return
         self._position_saved = time.monotonic()
-        self._records_at_save = self.pipeline.sink.records_out
+        self._records_at_save = self.pipeline.records_out
         try:
             save_position(self.position_path, self._position)
         except OSError as e:

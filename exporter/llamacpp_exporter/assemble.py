@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import parse as p
 from .attribution import Attribution, lineage_parent
@@ -32,7 +32,8 @@ RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) tha
 
 
 class Sink(Protocol):
-    def request(self, record: RequestRecord) -> None: ...
+    """Facts read straight from lines (the finished records go to on_record)."""
+
     def cache_state(self, entries: int, size_bytes: float, limit_bytes: float) -> None: ...
     def cache_saved(self) -> None: ...
     def cache_evicted(self, size_bytes: float) -> None: ...
@@ -62,6 +63,7 @@ class Assembler:
         sink: Sink,
         settings: AssemblySettings | None = None,
         *,
+        on_record: Callable[[RequestRecord], None],
         slots_polled: bool = False,
         request_poll: Callable[[], None] | None = None,
         pseudonymize: Callable[[str], str] | None = None,
@@ -78,8 +80,8 @@ class Assembler:
         self._now = 0
         self.lora = LoraTracker()
         self.attribution = Attribution(sink, pseudonymize or Pseudonymizer(), lambda: self._now, self._all_idle)
-        self.finisher = Finisher(sink, settings or AssemblySettings(), self.lora, self.attribution, slots_polled)
-        self._own_handlers: dict[type, Callable] = {
+        self.finisher = Finisher(on_record, settings or AssemblySettings(), self.lora, self.attribution, slots_polled)
+        self._own_handlers: dict[type, Callable[[Any], None]] = {
             p.ServerStarting: self._on_server_starting,
             p.Verbosity: self._on_verbosity,
             p.SlotsInitialized: self._on_slots_initialized,
@@ -111,7 +113,7 @@ class Assembler:
         self._epoch_lines = 0
         self.attribution.new_epoch(self.epoch, len(self._known_slots) or None)
         att = self.attribution
-        self._handlers = {
+        self._handlers: dict[type, Callable[[Any], None]] = {
             **self._own_handlers,
             **self.cache.handlers(),
             p.ConversationArrived: att.arrival,

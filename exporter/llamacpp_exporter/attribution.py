@@ -134,6 +134,12 @@ class Attribution:
             self._conv.popitem(last=False)
         return out
 
+    def final_conversation(self, epoch: int, task: int) -> Conversation:
+        """The conversation as far as the log proves it now: waiting is over."""
+        conv = self.conversation(epoch, task, give_up=True)
+        assert conv is not None  # give_up always answers
+        return conv
+
     def entry_evicted(self, source: TaskKey) -> None:
         self._evicted_unresolved.append((source, self.now()))
         self._resolve_evicted()

@@ -9,8 +9,8 @@ frozen RequestRecord. What could not be proven by then stays unknown, never gues
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from . import classify, lora
 from .attribution import JOIN_MAX_WAIT_US, Attribution
@@ -34,20 +34,16 @@ class AssemblySettings:
     max_wait_us: int = 600_000_000
 
 
-class RecordSink(Protocol):
-    def request(self, record: RequestRecord) -> None: ...
-
-
 class Finisher:
     def __init__(
         self,
-        sink: RecordSink,
+        emit: Callable[[RequestRecord], None],
         settings: AssemblySettings,
         lora_tracker: LoraTracker,
         attribution: Attribution,
         slots_polled: bool,
     ) -> None:
-        self.sink = sink
+        self.emit = emit
         self.settings = settings
         self.lora = lora_tracker
         self.attribution = attribution
@@ -109,7 +105,7 @@ class Finisher:
     def _finish(self, d: TaskDraft) -> None:
         self.pending.remove(d)
         st = self.settings
-        conv, conv_source = (None, None) if d.is_child else self.attribution.conversation(d.epoch, d.task, True)  # type: ignore[misc]
+        conv, conv_source = (None, None) if d.is_child else self.attribution.final_conversation(d.epoch, d.task)
         request = d.lora_request if d.lora_request is not None else self.lora.of_task((d.epoch, d.task))
         lora_config = self.lora.config(request)
         entry_lora_config = self.lora.config(self.lora.of_task(d.entry_source))
@@ -145,7 +141,7 @@ class Finisher:
             takeover = classify.small_task_takeover(
                 d.prompt_tokens, d.slot_tokens_before, st.small_task_tokens, st.big_conversation_tokens
             )
-        if conv_source == "header" and self.attribution.came_back_after_eviction(conv, d.start_us):
+        if conv is not None and conv_source == "header" and self.attribution.came_back_after_eviction(conv, d.start_us):
             if miss_cause == "no_cache_entry":
                 miss_cause = "evicted"
         # other slots' prefills during this request's decoding, charged to their conversations
@@ -155,7 +151,7 @@ class Finisher:
             slowed_by = self.attribution.charge(overlaps)
             overlap = union_us([(lo, hi) for _, lo, hi in overlaps]) / 1e6
             contention = "prefill" if overlap / d.decode_seconds > st.contention_fraction else "none"
-        self.sink.request(
+        self.emit(
             RequestRecord(
                 epoch=d.epoch,
                 slot=d.slot,

@@ -1,7 +1,9 @@
-"""Prometheus metrics: the assembler's sink, plus the exporter's own health metrics.
+"""Prometheus metrics of what the log says: per finished request (RequestMetrics) and per line
+(LogMetrics: the RAM cache's own figures, the server's build and verbosity, the pipeline's
+counts). The poller, the log source and the events file own their self-metrics.
 
 Every metric lives on a registry passed in, never the global one. Label values come
-from fixed sets (records.py) or slot ids, so cardinality is bounded.
+from fixed sets (records.py) or slot ids the server announced, so cardinality is bounded.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from .conversations import ConversationCollector, ConversationCosts
 from .records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
 
 PREFILL_SECONDS_BUCKETS = (
@@ -37,16 +38,13 @@ PREFILL_TOKENS_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
 CACHE_UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
-ENDPOINTS = ("health", "metrics", "slots", "lora-adapters")
 
 
-class ExporterMetrics:
-    """Metrics derived from the log and /slots, and the exporter's self-metrics."""
+class RequestMetrics:
+    """One finished request record -> counters and histograms by path, LoRA state and outcome."""
 
-    def __init__(self, registry: CollectorRegistry, costs: ConversationCosts | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
-        self.costs = costs or ConversationCosts()
-        registry.register(ConversationCollector(self.costs))
         pl = ["path", "lora"]
         self.requests = Counter(
             "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, registry=r
@@ -94,32 +92,6 @@ class ExporterMetrics:
             ["lora"],
             registry=r,
         )
-        self.cache_entries = Gauge(
-            "llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", registry=r
-        )
-        self.cache_bytes = Gauge(
-            "llamacpp_prompt_cache_bytes", "Size of the RAM prompt cache in bytes (last cache state line).", registry=r
-        )
-        self.cache_limit = Gauge(
-            "llamacpp_prompt_cache_limit_bytes",
-            "Size limit of the RAM prompt cache in bytes (--cache-ram).",
-            registry=r,
-        )
-        self.cache_saves = Counter(
-            "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", registry=r
-        )
-        self.cache_evictions = Counter(
-            "llamacpp_prompt_cache_evictions", "Entries evicted from the RAM prompt cache.", registry=r
-        )
-        self.cache_evicted_bytes = Counter(
-            "llamacpp_prompt_cache_evicted_bytes", "Bytes evicted from the RAM prompt cache.", registry=r
-        )
-        self.cache_update = Histogram(
-            "llamacpp_prompt_cache_update_duration_seconds",
-            "Time of one RAM prompt-cache save/load/update at slot selection.",
-            buckets=CACHE_UPDATE_BUCKETS,
-            registry=r,
-        )
         self.prefill_seconds = Histogram(
             "llamacpp_prefill_duration_seconds",
             "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
@@ -147,40 +119,113 @@ class ExporterMetrics:
             ["slot"],
             registry=r,
         )
-        self.prefill_in_progress_gauge = Gauge(
-            "llamacpp_slot_prefill_tokens_in_progress",
-            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
-            ["slot"],
-            registry=r,
-        )
         self.takeovers = Counter(
             "llamacpp_small_task_slot_takeovers",
             "Requests with a small prompt placed on a slot that held a big conversation (e.g. a health probe evicting it).",
             registry=r,
         )
-        # self-metrics
-        self.up = Gauge(
-            "llamacpp_up", "Whether the last request to this llama-server endpoint succeeded.", ["endpoint"], registry=r
-        )
-        self.scrape_errors = Counter(
-            "llamacpp_exporter_scrape_errors", "Failed requests to llama-server endpoints.", ["endpoint"], registry=r
-        )
-        self.answers_oversized = Counter(
-            "llamacpp_exporter_answers_oversized",
-            "Answers of llama-server endpoints dropped because they exceeded the exporter's size cap.",
-            ["endpoint"],
+        self.conversation_joins = Counter(
+            "llamacpp_exporter_conversation_joins",
+            "Requests by how their conversation was found: header (the X-Conversation-Id the request sent), lineage "
+            "(it sent none: cache lineage), uncertain (the log cannot prove which request the task was, so no "
+            "conversation is named), none (child tasks of n > 1 requests).",
+            ["source"],
             registry=r,
         )
-        self.last_success = Gauge(
-            "llamacpp_exporter_last_success_timestamp_seconds",
-            "Unix time of the last successful request to each llama-server endpoint.",
-            ["endpoint"],
+        self._slots: set[int] = set()
+        for path, lora in itertools.product(PATHS, LORA_STATES):
+            # every series exists from the start, so rate() and dashboards see zeros, not gaps
+            for m in (self.requests, self.cancelled, self.prompt_tokens, self.reused_tokens):
+                m.labels(path, lora)
+            self.prefill_seconds.labels(path, lora)
+            self.prefill_tokens.labels(path, lora)
+            for o in OUTCOMES:
+                self.outcomes.labels(path, lora, o)
+            for c in MISS_CAUSES:
+                self.misses.labels(path, lora, c)
+        for lora in LORA_STATES:
+            self.mismatch.labels(lora)
+            for res in RESTORE_RESULTS:
+                self.restores.labels(lora, res)
+        for c in CONTENTION:
+            self.tpot.labels(c)
+        for src in ("header", "lineage", "uncertain", "none"):
+            self.conversation_joins.labels(src)
+
+    def slots_known(self, slot_ids: list[int]) -> None:
+        self._slots.update(slot_ids)
+        for i in slot_ids:
+            self.overlap.labels(str(i))
+
+    def record(self, rec: RequestRecord) -> None:
+        path, lora = rec.path, rec.lora
+        exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
+        if rec.conversation:
+            exemplar["conversation"] = rec.conversation
+        self.conversation_joins.labels(rec.conversation_source or "none").inc()
+        if rec.cancelled and rec.generated_tokens is None:
+            self.cancelled.labels(path, lora).inc()
+        else:
+            self.requests.labels(path, lora).inc()
+        if rec.prompt_tokens is not None and rec.reused_tokens is not None:
+            self.prompt_tokens.labels(path, lora).inc(rec.prompt_tokens)
+            self.reused_tokens.labels(path, lora).inc(rec.reused_tokens)
+        if rec.outcome is not None:
+            self.outcomes.labels(path, lora, rec.outcome).inc()
+        if rec.outcome == "miss" and rec.miss_cause is not None:
+            self.misses.labels(path, lora, rec.miss_cause).inc()
+        if rec.restore_result is not None:
+            self.restores.labels(lora, rec.restore_result).inc()
+        if rec.lora_mismatch_reuse:
+            self.mismatch.labels(lora).inc()
+        if rec.small_task_takeover:
+            self.takeovers.inc()
+        if rec.prefill_seconds is not None:
+            self.prefill_seconds.labels(path, lora).observe(rec.prefill_seconds, exemplar)
+        if rec.prefill_tokens is not None:
+            self.prefill_tokens.labels(path, lora).observe(rec.prefill_tokens, exemplar)
+        if rec.time_per_output_token_seconds is not None and rec.contention is not None:
+            self.tpot.labels(rec.contention).observe(rec.time_per_output_token_seconds, exemplar)
+        if rec.overlap_seconds and rec.slot in self._slots:
+            self.overlap.labels(str(rec.slot)).inc(rec.overlap_seconds)
+
+
+class LogMetrics:
+    """Facts read straight from log lines, no assembly needed (the assembler passes them on),
+    and the pipeline's own counts of what it read."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.cache_entries = Gauge(
+            "llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", registry=r
+        )
+        self.cache_bytes = Gauge(
+            "llamacpp_prompt_cache_bytes", "Size of the RAM prompt cache in bytes (last cache state line).", registry=r
+        )
+        self.cache_limit = Gauge(
+            "llamacpp_prompt_cache_limit_bytes",
+            "Size limit of the RAM prompt cache in bytes (--cache-ram).",
             registry=r,
         )
-        self.scrape_duration = Gauge(
-            "llamacpp_exporter_scrape_duration_seconds",
-            "Duration of the last request to each llama-server endpoint.",
-            ["endpoint"],
+        self.cache_saves = Counter(
+            "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", registry=r
+        )
+        self.cache_evictions = Counter(
+            "llamacpp_prompt_cache_evictions", "Entries evicted from the RAM prompt cache.", registry=r
+        )
+        self.cache_evicted_bytes = Counter(
+            "llamacpp_prompt_cache_evicted_bytes", "Bytes evicted from the RAM prompt cache.", registry=r
+        )
+        self.cache_update = Histogram(
+            "llamacpp_prompt_cache_update_duration_seconds",
+            "Time of one RAM prompt-cache save/load/update at slot selection.",
+            buckets=CACHE_UPDATE_BUCKETS,
+            registry=r,
+        )
+        self.prefill_in_progress_gauge = Gauge(
+            "llamacpp_slot_prefill_tokens_in_progress",
+            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
+            ["slot"],
             registry=r,
         )
         self.log_lines = Counter(
@@ -188,29 +233,6 @@ class ExporterMetrics:
             "Log lines read, by result: parsed, ignored (known, not needed), unrecognized (a server line whose "
             "message is unknown: a new build), unreadable (not UTF-8 text, or binary), oversized.",
             ["result"],
-            registry=r,
-        )
-        self.log_rotations = Counter(
-            "llamacpp_exporter_log_rotations", "Log file rotations (file replaced) followed.", registry=r
-        )
-        self.log_truncations = Counter(
-            "llamacpp_exporter_log_truncations",
-            "Log file truncations (copytruncate, llama-server restart with --log-file) followed.",
-            registry=r,
-        )
-        self.log_read_errors = Counter(
-            "llamacpp_exporter_log_read_errors",
-            "Errors reading the log source (missing file, failed command...).",
-            registry=r,
-        )
-        self.log_source_restarts = Counter(
-            "llamacpp_exporter_log_command_restarts",
-            "Restarts of the --llama.log-command process after it exited.",
-            registry=r,
-        )
-        self.log_replayed = Counter(
-            "llamacpp_exporter_log_lines_replayed",
-            "Lines a restarted --llama.log-command printed again (history) and that were not counted twice.",
             registry=r,
         )
         self.last_line = Gauge(
@@ -231,14 +253,6 @@ class ExporterMetrics:
         self.debug_logging = Gauge(
             "llamacpp_exporter_server_debug_logging",
             "1 when llama-server logs DEBUG lines (-lv 5 / -v), which contain prompt text. The exporter drops them.",
-            registry=r,
-        )
-        self.conversation_joins = Counter(
-            "llamacpp_exporter_conversation_joins",
-            "Requests by how their conversation was found: header (the X-Conversation-Id the request sent), lineage "
-            "(it sent none: cache lineage), uncertain (the log cannot prove which request the task was, so no "
-            "conversation is named), none (child tasks of n > 1 requests).",
-            ["source"],
             registry=r,
         )
         self.arrivals_dropped = Counter(
@@ -267,93 +281,18 @@ class ExporterMetrics:
             "Lines whose timestamp went back without a restart (a stray line): counted at the current time.",
             registry=r,
         )
-        self.records_written = Counter(
-            "llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r
-        )
-        self.events_errors = Counter(
-            "llamacpp_exporter_events_write_errors", "Failed writes to the events file.", registry=r
-        )
-        self.loading = Gauge(
-            "llamacpp_loading",
-            "1 while llama-server's /health answers 503 (it is loading the model): not down, not ready.",
-            registry=r,
-        )
-        self.slots_processing = Gauge(
-            "llamacpp_slots_processing",
-            "Slots processing a task at the last /slots poll (NaN when /slots is not polled or did not answer).",
-            registry=r,
-        )
-        self.kv_usage = Gauge(
-            "llamacpp_slots_context_usage_ratio",
-            "Tokens the slots hold (prompt + generated of each slot's last task, as /slots shows them) over their "
-            "context size, at the last /slots poll (NaN when /slots is not polled or did not answer).",
-            registry=r,
-        )
-        self.slots_processing.set(float("nan"))
-        self.kv_usage.set(float("nan"))
         self._slots: set[int] = set()
         self.diag_available.set(-1)
         self.verbosity.set(-1)
-        self._init_series()
-
-    def _init_series(self) -> None:
-        # Every series exists from the start, so rate() and dashboards see zeros, not gaps.
-        for path, lora in itertools.product(PATHS, LORA_STATES):
-            for m in (self.requests, self.cancelled, self.prompt_tokens, self.reused_tokens):
-                m.labels(path, lora)
-            self.prefill_seconds.labels(path, lora)
-            self.prefill_tokens.labels(path, lora)
-            for o in OUTCOMES:
-                self.outcomes.labels(path, lora, o)
-            for c in MISS_CAUSES:
-                self.misses.labels(path, lora, c)
-        for lora in LORA_STATES:
-            self.mismatch.labels(lora)
-            for res in RESTORE_RESULTS:
-                self.restores.labels(lora, res)
-        for c in CONTENTION:
-            self.tpot.labels(c)
-        for src in ("header", "lineage", "uncertain", "none"):
-            self.conversation_joins.labels(src)
         for res in LOG_LINE_RESULTS:
             self.log_lines.labels(res)
-        for e in ENDPOINTS:
-            self.scrape_errors.labels(e)
 
-    # ------------------------------------------------------------ sink interface
-    def request(self, rec: RequestRecord) -> None:
-        path, lora = rec.path, rec.lora
-        exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
-        if rec.conversation:
-            exemplar["conversation"] = rec.conversation
-        self.conversation_joins.labels(rec.conversation_source or "none").inc()
-        self.costs.request(rec)
-        if rec.cancelled and rec.generated_tokens is None:
-            self.cancelled.labels(path, lora).inc()
-        else:
-            self.requests.labels(path, lora).inc()
-        if rec.prompt_tokens is not None and rec.reused_tokens is not None:
-            self.prompt_tokens.labels(path, lora).inc(rec.prompt_tokens)
-            self.reused_tokens.labels(path, lora).inc(rec.reused_tokens)
-        if rec.outcome is not None:
-            self.outcomes.labels(path, lora, rec.outcome).inc()
-        if rec.outcome == "miss" and rec.miss_cause is not None:
-            self.misses.labels(path, lora, rec.miss_cause).inc()
-        if rec.restore_result is not None:
-            self.restores.labels(lora, rec.restore_result).inc()
-        if rec.lora_mismatch_reuse:
-            self.mismatch.labels(lora).inc()
-        if rec.small_task_takeover:
-            self.takeovers.inc()
-        if rec.prefill_seconds is not None:
-            self.prefill_seconds.labels(path, lora).observe(rec.prefill_seconds, exemplar)
-        if rec.prefill_tokens is not None:
-            self.prefill_tokens.labels(path, lora).observe(rec.prefill_tokens, exemplar)
-        if rec.time_per_output_token_seconds is not None and rec.contention is not None:
-            self.tpot.labels(rec.contention).observe(rec.time_per_output_token_seconds, exemplar)
-        if rec.overlap_seconds:
-            if rec.slot in self._slots:
-                self.overlap.labels(str(rec.slot)).inc(rec.overlap_seconds)
+    def line_read(self, result: str, now: float | None = None) -> None:
+        self.log_lines.labels(result).inc()
+        self.last_line.set(time.time() if now is None else now)
+
+    def internal_error(self) -> None:
+        self.internal_errors.inc()
 
     def cache_state(self, entries: int, size_bytes: float, limit_bytes: float) -> None:
         self.cache_entries.set(entries)
@@ -377,11 +316,7 @@ class ExporterMetrics:
     def slots_known(self, slot_ids: list[int]) -> None:
         self._slots.update(slot_ids)
         for i in slot_ids:
-            self.overlap.labels(str(i))
             self.prefill_in_progress_gauge.labels(str(i))
-
-    def conversation_cost(self, conversation: str, seconds: float) -> None:
-        self.costs.cost(conversation, seconds)
 
     def conversation_arrival_dropped(self) -> None:
         self.arrivals_dropped.inc()
@@ -403,8 +338,3 @@ class ExporterMetrics:
 
     def debug_logging_seen(self) -> None:
         self.debug_logging.set(1)
-
-    # ------------------------------------------------------------ self-metrics helpers
-    def line_read(self, result: str, now: float | None = None) -> None:
-        self.log_lines.labels(result).inc()
-        self.last_line.set(time.time() if now is None else now)

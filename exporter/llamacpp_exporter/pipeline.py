@@ -1,7 +1,9 @@
-"""The pipeline: raw line -> parse -> assemble -> metrics and events file.
+"""The pipeline: raw line -> parse -> assemble -> the record's consumers.
 
 Single-threaded and replayable: ``Pipeline.process_line`` is the hot path, used both by
 the live exporter (fed by the tailer thread's queue) and by a replay of a file on disk.
+Each finished record goes to every consumer in turn (request metrics, conversation costs,
+the events file, a caller's callback); line-level facts go to the log metrics directly.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from . import parse
 from .assemble import Assembler, AssemblySettings
-from .conversations import ConversationCosts
-from .metrics import ExporterMetrics
+from .conversations import ConversationCollector, ConversationCosts
+from .metrics import LogMetrics, RequestMetrics
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 
 log = logging.getLogger(__name__)
@@ -36,9 +38,15 @@ _RESULT = {
 class EventsFile:
     """Appends one JSON line per request record. Records hold numbers and fixed words only."""
 
-    def __init__(self, path: str, metrics: ExporterMetrics) -> None:
+    def __init__(self, path: str, registry: CollectorRegistry) -> None:
         self.path = path
-        self.metrics = metrics
+        r = registry
+        self.records_written = Counter(
+            "llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r
+        )
+        self.events_errors = Counter(
+            "llamacpp_exporter_events_write_errors", "Failed writes to the events file.", registry=r
+        )
         self._fh: IO[str] | None = None
         self._last_error_log = 0.0
 
@@ -48,9 +56,9 @@ class EventsFile:
                 self._fh = open(self.path, "a", encoding="utf-8")
             self._fh.write(json.dumps(rec.to_event(), separators=(",", ":")) + "\n")
             self._fh.flush()
-            self.metrics.records_written.inc()
+            self.records_written.inc()
         except OSError as e:
-            self.metrics.events_errors.inc()
+            self.events_errors.inc()
             self._fh = None
             now = time.monotonic()
             if now - self._last_error_log > 60:
@@ -63,25 +71,26 @@ class EventsFile:
             self._fh = None
 
 
-class _Sink:
-    """Assembler sink: metrics always, the events file when configured, warnings once."""
+class _Facts:
+    """The assembler's line-level facts: to the log metrics, with what the operator should
+    read in the exporter's own log said once."""
 
-    def __init__(
-        self, metrics: ExporterMetrics, events: EventsFile | None, extra: Callable[[RequestRecord], None] | None
-    ) -> None:
+    def __init__(self, metrics: LogMetrics, requests: RequestMetrics, costs: ConversationCosts) -> None:
         self.metrics = metrics
-        self.events = events
-        self.extra = extra
-        self.records_out = 0
+        self.requests = requests
         self._untested_warned = False
+        self.cache_state = metrics.cache_state
+        self.cache_saved = metrics.cache_saved
+        self.cache_evicted = metrics.cache_evicted
+        self.cache_update_duration = metrics.cache_update_duration
+        self.prefill_in_progress = metrics.prefill_in_progress
+        self.out_of_order_lines = metrics.out_of_order_lines
+        self.conversation_arrival_dropped = metrics.conversation_arrival_dropped
+        self.conversation_cost = costs.cost
 
-    def request(self, record: RequestRecord) -> None:
-        self.records_out += 1
-        self.metrics.request(record)
-        if self.events is not None:
-            self.events.write(record)
-        if self.extra is not None:
-            self.extra(record)
+    def slots_known(self, slot_ids: list[int]) -> None:
+        self.metrics.slots_known(slot_ids)
+        self.requests.slots_known(slot_ids)
 
     def diagnostics(self, available: bool, verbosity: int | None) -> None:
         self.metrics.diagnostics(available, verbosity)
@@ -123,9 +132,6 @@ class _Sink:
         self.metrics.server_restart()
         log.info("llama-server restart seen in the log: starting a new epoch")
 
-    def __getattr__(self, name: str):  # cache_state, cache_saved, ... go straight to metrics
-        return getattr(self.metrics, name)
-
 
 class Pipeline:
     def __init__(
@@ -142,17 +148,31 @@ class Pipeline:
         costs: ConversationCosts | None = None,
     ) -> None:
         self.registry = registry
-        self.metrics = ExporterMetrics(registry, costs or ConversationCosts(clock=clock))
-        self.events = EventsFile(events_path, self.metrics) if events_path else None
         self.clock = clock
-        self.sink = _Sink(self.metrics, self.events, on_record)
+        self.costs = costs or ConversationCosts(clock=clock)
+        registry.register(ConversationCollector(self.costs))
+        self.requests = RequestMetrics(registry)
+        self.metrics = LogMetrics(registry)
+        self.events = EventsFile(events_path, registry) if events_path else None
+        self.consumers: list[Callable[[RequestRecord], None]] = [self.requests.record, self.costs.request]
+        if self.events is not None:
+            self.consumers.append(self.events.write)
+        if on_record is not None:
+            self.consumers.append(on_record)
+        self.records_out = 0
         self.assembler = Assembler(
-            self.sink,  # type: ignore[arg-type]
+            _Facts(self.metrics, self.requests, self.costs),
             settings,
+            on_record=self._emit,
             slots_polled=slots_polled,
             request_poll=request_poll,
             pseudonymize=pseudonymize,
         )
+
+    def _emit(self, record: RequestRecord) -> None:
+        self.records_out += 1
+        for consume in self.consumers:
+            consume(record)
 
     def process_line(self, line: str, now: float | None = None) -> None:
         """Hot path. Never raises on input: an unknown line is counted and skipped."""
@@ -164,7 +184,7 @@ class Pipeline:
             self.assembler.feed(parsed, int(t * 1_000_000))
         except Exception:  # an assembler bug must not stop the exporter; count and go on
             log.exception("internal error while assembling a log event (line skipped)")
-            self.metrics.internal_errors.inc()
+            self.metrics.internal_error()
 
     def oversized_line(self) -> None:
         self.metrics.line_read("oversized")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import httpx
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
@@ -155,6 +156,60 @@ def rename_server_metrics(text: str) -> list[Metric]:
 
 
 # ---------------------------------------------------------------- the poller
+ENDPOINTS = ("health", "metrics", "slots", "lora-adapters")
+
+
+class PollerMetrics:
+    """What the poller saw of each endpoint: up, errors, durations; the /health and /slots state."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        r = registry
+        self.up = Gauge(
+            "llamacpp_up", "Whether the last request to this llama-server endpoint succeeded.", ["endpoint"], registry=r
+        )
+        self.scrape_errors = Counter(
+            "llamacpp_exporter_scrape_errors", "Failed requests to llama-server endpoints.", ["endpoint"], registry=r
+        )
+        self.answers_oversized = Counter(
+            "llamacpp_exporter_answers_oversized",
+            "Answers of llama-server endpoints dropped because they exceeded the exporter's size cap.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.last_success = Gauge(
+            "llamacpp_exporter_last_success_timestamp_seconds",
+            "Unix time of the last successful request to each llama-server endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.scrape_duration = Gauge(
+            "llamacpp_exporter_scrape_duration_seconds",
+            "Duration of the last request to each llama-server endpoint.",
+            ["endpoint"],
+            registry=r,
+        )
+        self.loading = Gauge(
+            "llamacpp_loading",
+            "1 while llama-server's /health answers 503 (it is loading the model): not down, not ready.",
+            registry=r,
+        )
+        self.slots_processing = Gauge(
+            "llamacpp_slots_processing",
+            "Slots processing a task at the last /slots poll (NaN when /slots is not polled or did not answer).",
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "llamacpp_slots_context_usage_ratio",
+            "Tokens the slots hold (prompt + generated of each slot's last task, as /slots shows them) over their "
+            "context size, at the last /slots poll (NaN when /slots is not polled or did not answer).",
+            registry=r,
+        )
+        self.slots_processing.set(float("nan"))
+        self.kv_usage.set(float("nan"))
+        for e in ENDPOINTS:
+            self.scrape_errors.labels(e)
+
+
 class ServerPoller:
     """Background poller of llama-server. Thread-safe; results are delivered through
     ``on_snapshot`` / ``on_adapters`` and kept for the scrape-time collector."""
@@ -168,7 +223,7 @@ class ServerPoller:
         interval: float,
         poll_slots: bool,
         poll_metrics: bool,
-        metrics: Any,
+        registry: CollectorRegistry | None,
         on_snapshot: Callable[[SlotsSnapshot], None],
         on_adapters: Callable[[LoraAdapters], None],
         transport: httpx.BaseTransport | None = None,
@@ -183,7 +238,7 @@ class ServerPoller:
         self.interval = interval
         self.poll_slots = poll_slots
         self.poll_metrics = poll_metrics
-        self.metrics = metrics
+        self.metrics = PollerMetrics(registry)
         self.on_snapshot = on_snapshot
         self.on_adapters = on_adapters
         self.connect_timeout = min(timeout, 1.0)

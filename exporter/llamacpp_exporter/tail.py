@@ -8,6 +8,7 @@ oversized, so one runaway line cannot exhaust memory.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -18,7 +19,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, cast
+
+from prometheus_client import CollectorRegistry, Counter
 
 log = logging.getLogger(__name__)
 
@@ -26,36 +29,64 @@ HEAD_BYTES = 64  # compared on every idle poll to spot a file rewritten in place
 
 
 class SourceStats:
-    """What the source did, counted here and mirrored to the exporter's metrics if given."""
+    """What the log source did: counted here, and as metrics on the registry if given."""
 
-    def __init__(self, metrics: object | None = None) -> None:
-        self.metrics = metrics
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.rotations = self.truncations = self.read_errors = self.command_restarts = self.replayed_lines = 0
+        self.metrics = _SourceMetrics(registry) if registry is not None else None
 
     def rotation(self) -> None:
         self.rotations += 1
         if self.metrics is not None:
-            self.metrics.log_rotations.inc()  # type: ignore[attr-defined]
+            self.metrics.log_rotations.inc()
 
     def truncation(self) -> None:
         self.truncations += 1
         if self.metrics is not None:
-            self.metrics.log_truncations.inc()  # type: ignore[attr-defined]
+            self.metrics.log_truncations.inc()
 
     def read_error(self) -> None:
         self.read_errors += 1
         if self.metrics is not None:
-            self.metrics.log_read_errors.inc()  # type: ignore[attr-defined]
+            self.metrics.log_read_errors.inc()
 
     def command_restart(self) -> None:
         self.command_restarts += 1
         if self.metrics is not None:
-            self.metrics.log_source_restarts.inc()  # type: ignore[attr-defined]
+            self.metrics.log_source_restarts.inc()
 
     def replayed(self, n: int) -> None:
         self.replayed_lines += n
         if self.metrics is not None and n:
-            self.metrics.log_replayed.inc(n)  # type: ignore[attr-defined]
+            self.metrics.log_replayed.inc(n)
+
+
+class _SourceMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.log_rotations = Counter(
+            "llamacpp_exporter_log_rotations", "Log file rotations (file replaced) followed.", registry=r
+        )
+        self.log_truncations = Counter(
+            "llamacpp_exporter_log_truncations",
+            "Log file truncations (copytruncate, llama-server restart with --log-file) followed.",
+            registry=r,
+        )
+        self.log_read_errors = Counter(
+            "llamacpp_exporter_log_read_errors",
+            "Errors reading the log source (missing file, failed command...).",
+            registry=r,
+        )
+        self.log_source_restarts = Counter(
+            "llamacpp_exporter_log_command_restarts",
+            "Restarts of the --llama.log-command process after it exited.",
+            registry=r,
+        )
+        self.log_replayed = Counter(
+            "llamacpp_exporter_log_lines_replayed",
+            "Lines a restarted --llama.log-command printed again (history) and that were not counted twice.",
+            registry=r,
+        )
 
 
 class LineSplitter:
@@ -507,13 +538,14 @@ def follow_command(
         assert proc.stdout is not None
         watcher = threading.Thread(target=_kill_on_stop, args=(proc, stop), daemon=True)
         watcher.start()
+        stdout = cast(io.BufferedReader, proc.stdout)  # Popen's pipes are buffered readers
         while True:
             if guard.holding:
                 ready, _, _ = select.select([proc.stdout], [], [], replay_quiet)
                 if not ready:
                     guard.settle()  # the replay is over: the command now follows
                     continue
-            data = proc.stdout.read1(1 << 16)
+            data = stdout.read1(1 << 16)
             if not data:
                 break
             splitter.feed(data)

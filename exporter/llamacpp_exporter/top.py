@@ -50,7 +50,7 @@ def render(data: dict[str, Any], limit: int) -> str:
 
     def speed(d: dict[str, Any]) -> str:
         tps, tpot = d.get("tokens_per_second"), d.get("mean_time_per_output_token_seconds")
-        if not tps:
+        if not tps or tpot is None:
             return f"no data ({d.get('requests', 0)} requests)"
         return f"{tps:.1f} tokens/s ({tpot * 1000:.1f} ms/token, {d.get('requests', 0)} requests)"
 
