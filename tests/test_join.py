@@ -254,6 +254,6 @@ def test_a_server_that_is_never_idle_keeps_its_join_and_bounded_state():
         r.release(slot).launch(task, slot)  # the release sends the oldest waiting one back
         names[task] = f"c{i - 1}"
         slot = 1 - slot
-        assert len(r.j._queue) == 1
+        assert len(r.j._deferred.queue) == 1
     assert all(r.res(t) == (HEADER, n) for t, n in names.items())
     assert len(r.j._arrivals) < 200 and len(r.j._definite) < 200 and len(r.j._last_owner) < 200

@@ -12,7 +12,7 @@ RAM-cache entries the server itself holds; capped maps of task -> LoRA and conve
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,15 +20,14 @@ from . import parse as p
 from .attribution import Attribution, lineage_parent
 from .conversations import Pseudonymizer
 from .finish import AssemblySettings, Finisher
+from .logclock import LogClock
 from .lora import LoraTracker
 from .promptcache import PromptCacheLog, Selection
-from .records import MAX_SLOTS, LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft, selection_path
+from .records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft
+from .serverstate import ServerState
 from .timeline import PrefillTimeline
 
 __all__ = ["AssemblySettings", "Assembler", "Sink"]
-
-EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
-RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) that make a restart
 
 
 class Sink(Protocol):
@@ -71,22 +70,17 @@ class Assembler:
         self.sink = sink
         self.request_poll = request_poll  # ask for a /slots poll now (a task started or ended)
         self.epoch = 0
-        self.verbosity: int | None = None
-        self._diag: bool | None = None
-        self._debug_warned = False
-        self._known_slots: set[int] = set()
-        self._n_slots: int | None = None
-        self._held: list[tuple[p.ParsedLine, int]] = []  # lines whose time went back, see feed
-        self._now = 0
+        self.server = ServerState(sink, self._server_changed)
+        self.clock = LogClock()
         self.lora = LoraTracker()
-        self.attribution = Attribution(sink, pseudonymize or Pseudonymizer(), lambda: self._now, self._all_idle)
+        self.attribution = Attribution(sink, pseudonymize or Pseudonymizer(), lambda: self.clock.now, self._all_idle)
         self.finisher = Finisher(on_record, settings or AssemblySettings(), self.lora, self.attribution, slots_polled)
-        self._own_handlers: dict[type, Callable[[Any], None]] = {
+        self._own_handlers: dict[type, Callable[[Any], None]] = {  # the cache's and the join's: per epoch
             p.ServerStarting: self._on_server_starting,
-            p.Verbosity: self._on_verbosity,
-            p.SlotsInitialized: self._on_slots_initialized,
-            p.ServerBuild: lambda ev: sink.server_build(ev.number, ev.commit),
-            p.DebugLine: self._on_debug,
+            p.Verbosity: self.server.verbosity_read,
+            p.SlotsInitialized: self.server.slots_initialized,
+            p.ServerBuild: self.server.build,
+            p.DebugLine: self.server.debug_seen,
             p.SlotSelected: self._on_slot_selected,
             p.IdleSlotSaving: self._on_idle_slot_saving,
             p.LoraCacheCleared: self._on_lora_cleared,
@@ -107,11 +101,13 @@ class Assembler:
     # ------------------------------------------------------------ epochs
     def _reset_epoch_state(self) -> None:
         self._slots: dict[int, _Slot] = {}
-        self.cache = PromptCacheLog(self.sink, self.attribution.entry_evicted, lambda: self._set_diag(True))
+        self.cache = PromptCacheLog(
+            self.sink, self.attribution.entry_evicted, lambda: self.server.set_diagnostics(True)
+        )
         self.prefills = self.finisher.prefills = PrefillTimeline()
-        self._last_ts: int | None = None
+        self.clock.last_ts = None
         self._epoch_lines = 0
-        self.attribution.new_epoch(self.epoch, len(self._known_slots) or None)
+        self.attribution.new_epoch(self.epoch, len(self.server.known_slots) or None)
         att = self.attribution
         self._handlers: dict[type, Callable[[Any], None]] = {
             **self._own_handlers,
@@ -131,7 +127,7 @@ class Assembler:
 
     def flush(self) -> None:
         """End of input (replay) or shutdown: emit every record still waiting."""
-        if self._held:
+        if self.clock.held:
             self._release_held()  # too few to prove a restart
         self.cache.mirror.close_listing()
         self._release_running()
@@ -139,47 +135,33 @@ class Assembler:
 
     # ------------------------------------------------------------ inputs
     def feed(self, line: p.ParsedLine, now_us: int) -> None:
-        ts = line.ts_us
-        if ts is not None and self._last_ts is not None:
-            if ts < self._last_ts - EPOCH_BACKWARDS_US:
-                # time went back: a restart, or one stray line (another process writing to the
-                # same file, a replayed line). A restart shows its start banner or keeps going
-                # in the new time; until then the line is held.
-                if not isinstance(line.event, p.ServerStarting):
-                    self._held.append((line, now_us))
-                    if len(self._held) < RESTART_CONFIRM_LINES:
-                        return
-                held, self._held = self._held, []
-                self._new_epoch()
-                for h, n in held:
-                    self._feed(h, n)
-                if isinstance(line.event, p.ServerStarting):
-                    self._feed(line, now_us)
+        clock = self.clock
+        if clock.went_back(line.ts_us):
+            if not clock.hold(line, now_us):
                 return
-            if self._held:
-                self._release_held()
+            held = clock.take_held()
+            self._new_epoch()
+            for h, n in held:
+                self._feed(h, n)
+            if isinstance(line.event, p.ServerStarting):
+                self._feed(line, now_us)
+            return
+        if clock.held and line.ts_us is not None:
+            self._release_held()
         self._feed(line, now_us)
 
     def _release_held(self) -> None:
         """Time came back: the held lines were strays. They count, at the current time."""
-        held, self._held = self._held, []
+        held = self.clock.take_held()
         self.sink.out_of_order_lines(len(held))
         for h, n in held:
             self._feed(p.ParsedLine(None, h.event), n)
 
     def _feed(self, line: p.ParsedLine, now_us: int) -> None:
         ev = line.event
-        ts = line.ts_us
-        if ts is not None:
-            if self._last_ts is not None and ts < self._last_ts - EPOCH_BACKWARDS_US:
-                self._new_epoch()
-            self._last_ts = ts
-            self._now = ts
-        elif self._last_ts is None:
-            # no timestamps in this log (--no-log-prefix): the time we read the line is the
-            # best there is. With timestamps on, a line without one is a continuation line
-            # and keeps the time of the line it continues.
-            self._now = max(self._now, now_us)
+        if self.clock.went_back(line.ts_us):
+            self._new_epoch()
+        self.clock.advance(line.ts_us, now_us)
         mirror = self.cache.mirror
         if mirror.listing or mirror.saving:
             self.cache.before(ev)
@@ -188,11 +170,11 @@ class Assembler:
             handler(ev)
         self._epoch_lines += 1
         if self.finisher.pending and type(ev) in _UNBLOCKING:
-            self.finisher.try_finish(self._now)
+            self.finisher.try_finish(self.clock.now)
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
         self.finisher.snapshot_seq += 1
-        self._announce_slots(s.id for s in snap.slots)
+        self.server.announce_slots(s.id for s in snap.slots)
         for s in snap.slots:
             if s.id_task is None:
                 continue
@@ -202,20 +184,9 @@ class Assembler:
             d = slot.draft if slot else None
             if d is None or d.task != s.id_task:
                 continue
-            if s.lora is not None:
-                d.lora_request = s.lora
-            # n_prompt_tokens_cache is set when the prompt starts; trust it once the
-            # slot has processed prompt tokens or decoded, else it may still be stale.
-            if (
-                s.is_processing
-                and d.reuse_source is None
-                and s.n_prompt_tokens_cache is not None
-                and ((s.n_prompt_tokens_processed or 0) > 0 or (s.n_decoded or 0) > 0)
-            ):
-                d.reused_tokens = s.n_prompt_tokens_cache
-                d.reuse_source = "slots"
+            d.seen_in_slots(s)
         if self.finisher.pending:
-            self.finisher.try_finish(self._now)
+            self.finisher.try_finish(self.clock.now)
 
     def feed_adapters(self, adapters: LoraAdapters) -> None:
         self.lora.global_scales = adapters.scales
@@ -230,15 +201,9 @@ class Assembler:
     def _all_idle(self) -> bool:
         return not any(sl.draft is not None for sl in self._slots.values())
 
-    def _set_diag(self, available: bool) -> None:
-        if self._diag != available:
-            self._diag = available
-            self.sink.diagnostics(available, self.verbosity)
-            self._lineage_only_update()
-
-    def _lineage_only_update(self) -> None:
-        below_4 = self.verbosity is not None and self.verbosity < 4
-        self.attribution.lineage_only = below_4 or self._diag is False
+    def _server_changed(self) -> None:
+        self.attribution.lineage_only = self.server.lineage_only
+        self.attribution.join.n_slots = self.server.slots()
 
     def _on_server_starting(self, ev: p.ServerStarting) -> None:
         # With timestamps on, the jump back to ~0 already started the new epoch and this
@@ -246,34 +211,6 @@ class Assembler:
         if self._epoch_lines:
             self._new_epoch()
         self.attribution.join.start_of_process()  # every request of this process will be seen
-
-    def _on_slots_initialized(self, ev: p.SlotsInitialized) -> None:
-        self._n_slots = min(ev.n_slots, MAX_SLOTS)
-        self._announce_slots(range(ev.n_slots))
-        self.attribution.join.n_slots = ev.n_slots
-
-    def _announce_slots(self, ids: Iterable[int]) -> None:
-        # bounded by what the server has (its start banner's n_slots, else a hard cap): each
-        # slot id becomes a label value
-        limit = self._n_slots if self._n_slots is not None else MAX_SLOTS
-        new = [i for i in ids if i not in self._known_slots and 0 <= i < limit]
-        if new:
-            self._known_slots.update(new)
-            self.sink.slots_known(sorted(new))
-            join = self.attribution.join
-            join.n_slots = max(join.n_slots or 0, len(self._known_slots))
-
-    def _on_verbosity(self, ev: p.Verbosity) -> None:
-        self.verbosity = ev.level
-        self._lineage_only_update()
-        self._set_diag(ev.level >= 4)
-        if ev.level >= 5:
-            self._on_debug(p.DebugLine())
-
-    def _on_debug(self, ev: p.DebugLine) -> None:
-        if not self._debug_warned:
-            self._debug_warned = True
-            self.sink.debug_logging_seen()
 
     def _on_slot_selected(self, ev: p.SlotSelected) -> None:
         s = self._slot(ev.slot)
@@ -303,26 +240,14 @@ class Assembler:
             self._release(s, s.draft, cancelled=True)
         sel, s.selection = s.selection, None
         self.cache.launched(sel)
-        d = TaskDraft(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self._now, is_child=ev.is_child)
+        d = TaskDraft(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self.clock.now, is_child=ev.is_child)
         if sel is not None:
-            d.path = selection_path(sel.method)
-            d.slot_tokens_before = sel.slot_tokens_before
-            d.ram_consulted = sel.ram_consulted
-            d.ram_candidates = len(sel.candidates or ())
-            d.ram_best_f_sim = sel.best_f_sim
-            d.lora_cache_cleared = sel.lora_cleared
-            if sel.restored_tokens is not None:
-                d.ram_restored = True
-                d.restored_tokens = sel.restored_tokens if sel.restored_tokens >= 0 else None
-                d.entry_source = sel.restored_source
-                d.offered_tokens = sel.restored_lcp
-            if sel.method == "lcp" and sel.f_sim is not None:
-                d.offered_f_sim = sel.f_sim
+            sel.hand_over(d)
         if not ev.is_child:
             self.attribution.launched(ev.task, lineage_parent(sel, self.epoch, s.last_task))
         s.draft = d
         s.last_task = ev.task
-        self.prefills.launched(ev.slot, ev.task, self._now)
+        self.prefills.launched(ev.slot, ev.task, self.clock.now)
         if self.request_poll is not None:
             self.request_poll()
 
@@ -336,10 +261,10 @@ class Assembler:
         d = self._draft(ev.slot, ev.task)
         if d is not None:
             d.prompt_tokens = ev.n_tokens
-            self._set_diag(True)
+            self.server.set_diagnostics(True)
             # the prefill starts here (llama-server's t_start), not at the launch: a launched
             # task can wait for another slot's prompt batch before its own first batch
-            self.prefills.first_batch(ev.slot, ev.task, self._now)
+            self.prefills.first_batch(ev.slot, ev.task, self.clock.now)
 
     def _on_cached_tokens(self, ev: p.CachedTokens) -> None:
         d = self._draft(ev.slot, ev.task)
@@ -357,7 +282,7 @@ class Assembler:
 
     def _on_prefill_finished(self, ev: p.PrefillFinished) -> None:
         if ev.slot in self.prefills.slots:
-            self.prefills.ended(ev.slot, self._now)
+            self.prefills.ended(ev.slot, self.clock.now)
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_prompt_timing(self, ev: p.PromptTiming) -> None:
@@ -375,15 +300,15 @@ class Assembler:
         if ev.n_tokens >= 2:
             d.time_per_output_token_seconds = ev.ms_per_token / 1000.0
         # exact intervals from the server's own timings, ending at this line
-        d.decode_start_us = self._now - int(ev.ms * 1000)
-        d.decode_end_us = self._now
+        d.decode_start_us = self.clock.now - int(ev.ms * 1000)
+        d.decode_end_us = self.clock.now
         if d.prefill_seconds is not None:
             prefill_start = d.decode_start_us - int(d.prefill_seconds * 1_000_000)
             self.prefills.timed(ev.slot, d.task, prefill_start, d.decode_start_us)
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_released(self, ev: p.TaskReleased) -> None:
-        self.attribution.join.released(ev.slot, self._now)
+        self.attribution.join.released(ev.slot, self.clock.now)
         s = self._slot(ev.slot)
         d = s.draft
         s.tokens = ev.n_tokens
@@ -391,16 +316,16 @@ class Assembler:
             self._release(s, d, cancelled=d.generated_tokens is None)
 
     def _release(self, s: _Slot, d: TaskDraft, cancelled: bool) -> None:
-        d.end_us = self._now
+        d.end_us = self.clock.now
         s.draft = None
         d.cancelled = d.cancelled or cancelled
-        if self.prefills.released(d.slot, d.task, self._now):
+        if self.prefills.released(d.slot, d.task, self.clock.now):
             self.sink.prefill_in_progress(d.slot, 0)
         if d.prompt_tokens is None and d.reused_tokens is not None and d.prefill_tokens is not None:
             # -lv 3 with /slots: the prompt is what was reused plus what was computed
             d.prompt_tokens = d.reused_tokens + d.prefill_tokens
-        if d.reuse_source != "log" and not d.cancelled and self.verbosity is None:
-            self._set_diag(False)  # a whole task without its TRACE lines: -lv 3
+        if d.reuse_source != "log" and not d.cancelled and self.server.verbosity is None:
+            self.server.set_diagnostics(False)  # a whole task without its TRACE lines: -lv 3
         if self.request_poll is not None:
             self.request_poll()  # capture params.lora right after the task, if missed
         self.finisher.add(d)

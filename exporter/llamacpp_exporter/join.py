@@ -114,6 +114,82 @@ class _Deferred:
     pinned: int | None  # the slot it asked for (id_slot), if any
 
 
+class DeferredQueue:
+    """llama-server's deferred queue, as the log shows it. While the log tells exactly what is
+    in it, it is mirrored (tasks in order, and those a release sent back to the front, last
+    first); after a cancel line that may or may not have removed one, only bounds are kept."""
+
+    def __init__(self) -> None:
+        self.exact = True
+        self.queue: list[_Deferred] = []
+        self.sent_back: list[_Deferred] = []
+        self.lo = self.hi = 0  # tasks in it, when not exact
+        self.retries_lo = self.retries_hi = 0  # of them sent back by a release, when not exact
+
+    def count(self) -> int:
+        """Tasks certainly in it."""
+        return len(self.queue) + len(self.sent_back) if self.exact else self.lo
+
+    def certainly_empty(self) -> bool:
+        return self.count() == 0 and (self.exact or (self.hi == 0 and self.retries_hi == 0))
+
+    def may_have_lost_one(self) -> None:
+        """A cancel line: a deferred task may have left (or it was another kind of task)."""
+        if self.count() == 0:
+            return
+        if self.exact:
+            self.exact = False
+            self.lo = self.hi = len(self.queue) + len(self.sent_back)
+            self.retries_lo = self.retries_hi = len(self.sent_back)
+            self.queue, self.sent_back = [], []
+        self.lo -= 1
+
+    def released(self, slot: int) -> None:
+        """A slot stopped: one deferred task goes back to the front, the first one pinned to
+        that slot, else the oldest."""
+        if self.exact:
+            if self.queue:
+                k = next((i for i, d in enumerate(self.queue) if d.pinned == slot), 0)
+                self.sent_back.append(self.queue.pop(k))
+            return
+        if self.lo > self.retries_lo:
+            self.retries_lo += 1
+        if self.hi > self.retries_hi:
+            self.retries_hi += 1
+
+    def attempt(self, launched: bool, last_owner: int, pinned: int | None) -> int:
+        """A task took its turn at the slots and launched or was deferred (again). It is the
+        task a release sent back (which comes first) or a new one. Returns the last arrival
+        position its request can be at."""
+        if self.exact:
+            back = self.sent_back.pop() if self.sent_back else None
+            if not launched:
+                self.queue.append(back or _Deferred(last_owner, pinned))
+            elif back is not None:
+                return back.last_owner
+        elif self.retries_lo > 0:  # certainly a retry
+            self.retries_lo -= 1
+            self.retries_hi -= 1
+            if launched:
+                self.lo = max(0, self.lo - 1)
+                self.hi -= 1
+        elif self.retries_hi > 0:  # a retry or a new task
+            self.retries_hi -= 1
+            if not launched:
+                self.hi += 1
+            else:
+                self.lo = max(0, self.lo - 1)
+        elif not launched:  # certainly a new task
+            self.lo += 1
+            self.hi += 1
+        return last_owner
+
+    def shift(self, k: int) -> None:
+        """The first k arrivals were forgotten."""
+        for d in self.queue + self.sent_back:
+            d.last_owner -= k
+
+
 class HeaderJoin:
     def __init__(self) -> None:
         self.aligned = False  # every arrival and task since a known point is seen
@@ -133,14 +209,7 @@ class HeaderJoin:
         self._ambiguous: list[int] = []  # cancelled before launch: a completion or not
         self._unresolved: set[int] = set()
         self._base_id = self.last_max_id  # ids up to here belong to before the last rebase
-        # The deferred queue. While the log tells exactly what is in it, it is mirrored
-        # (tasks in order, and those a release sent back to the front, last first); after a
-        # cancel line that may or may not have removed one, only bounds are kept.
-        self._exact = True
-        self._queue: list[_Deferred] = []
-        self._sent_back: list[_Deferred] = []
-        self._deferred_lo = self._deferred_hi = 0  # when not exact
-        self._retries_lo = self._retries_hi = 0  # when not exact
+        self._deferred = DeferredQueue()
         self._busy_next = 0  # busy-slot lines of one unpinned slot search seen so far
         self._pinned: int | None = None
         self._last_arrival_us = 0
@@ -179,16 +248,6 @@ class HeaderJoin:
         for task in self._unresolved:
             self._store(task, (UNCERTAIN, ""))
         self._unresolved.clear()
-
-    def _deferred_count(self) -> int:
-        return len(self._queue) + len(self._sent_back) if self._exact else self._deferred_lo
-
-    def _go_inexact(self) -> None:
-        if self._exact:
-            self._exact = False
-            self._deferred_lo = self._deferred_hi = len(self._queue) + len(self._sent_back)
-            self._retries_lo = self._retries_hi = len(self._sent_back)
-            self._queue, self._sent_back = [], []
 
     # ------------------------------------------------------------ inputs, in log order
     def arrival(self, name: str, now_us: int, all_idle: bool) -> None:
@@ -253,32 +312,20 @@ class HeaderJoin:
         if j < len(self._ambiguous) and self._ambiguous[j] == task:
             return
         self._ambiguous.insert(j, task)
-        if self._deferred_count() > 0:
-            # it may have left the deferred queue, or been still queued, or not be a request
-            self._go_inexact()
-            self._deferred_lo -= 1
+        self._deferred.may_have_lost_one()
         self._resolve_all()
 
     def released(self, slot: int, now_us: int) -> None:
-        """A slot stopped: llama-server sends one deferred task back to the front of the
-        queue, the first one pinned to that slot, else the oldest."""
+        """A slot stopped: llama-server sends one deferred task back to the front."""
         self._last_activity_us = now_us
         self._busy_next, self._pinned = 0, None
         self._settle_old(now_us)
-        if self._exact:
-            if self._queue:
-                k = next((i for i, d in enumerate(self._queue) if d.pinned == slot), 0)
-                self._sent_back.append(self._queue.pop(k))
-            return
-        if self._deferred_lo > self._retries_lo:
-            self._retries_lo += 1
-        if self._deferred_hi > self._retries_hi:
-            self._retries_hi += 1
+        self._deferred.released(slot)
 
     def tick(self, now_us: int, all_idle: bool) -> None:
         """Once the server has been idle, with nothing deferred and nothing arriving, for
         STALE_ARRIVAL_US: realign, or drop the arrivals that never became a task."""
-        if not all_idle or self._deferred_count() > 0:
+        if not all_idle or self._deferred.count() > 0:
             return
         if now_us - max(self._last_arrival_us, self._last_activity_us) <= STALE_ARRIVAL_US:
             return
@@ -297,28 +344,8 @@ class HeaderJoin:
     def _attempt(self, task: int | None, pinned: int | None) -> None:
         """A task took its turn at the slots: ``task`` launched, or (None) it was deferred.
         It is a new task, or the deferred task a release sent back (which comes first)."""
-        last_owner = len(self._arrivals) - 1  # a new task's request has arrived by now
-        if self._exact:
-            back = self._sent_back.pop() if self._sent_back else None
-            if task is None:
-                self._queue.append(back or _Deferred(last_owner, pinned))
-            elif back is not None:
-                last_owner = back.last_owner
-        elif self._retries_lo > 0:  # certainly a retry
-            self._retries_lo -= 1
-            self._retries_hi -= 1
-            if task is not None:
-                self._deferred_lo = max(0, self._deferred_lo - 1)
-                self._deferred_hi -= 1
-        elif self._retries_hi > 0:  # a retry or a new task
-            self._retries_hi -= 1
-            if task is None:
-                self._deferred_hi += 1
-            else:
-                self._deferred_lo = max(0, self._deferred_lo - 1)
-        elif task is None:  # certainly a new task
-            self._deferred_lo += 1
-            self._deferred_hi += 1
+        # a new task's request has arrived by now
+        last_owner = self._deferred.attempt(task is not None, len(self._arrivals) - 1, pinned)
         if task is not None:
             if not self.aligned or task <= self._base_id or task in self._results:
                 self._store(task, (UNCERTAIN, ""))
@@ -332,7 +359,7 @@ class HeaderJoin:
 
     def _count_rule(self) -> None:
         """As many request tasks as arrivals exist: every arrival has taken its id."""
-        if self._open and len(self._definite) + self._deferred_count() >= len(self._arrivals):
+        if self._open and len(self._definite) + self._deferred.count() >= len(self._arrivals):
             self._open.clear()
 
     def _resolve_all(self) -> None:
@@ -406,8 +433,7 @@ class HeaderJoin:
             self._last_owner[t] -= k
         self._ambiguous = [a for a in self._ambiguous if a > top]
         self._open = [i - k for i in self._open]
-        for d in self._queue + self._sent_back:
-            d.last_owner -= k
+        self._deferred.shift(k)
         self._base_id = max(self._base_id, top)
 
     def _maybe_rebase(self) -> None:
@@ -417,8 +443,7 @@ class HeaderJoin:
             self._arrivals
             and not self._open
             and not self._unresolved
-            and self._deferred_count() == 0
-            and (self._exact or (self._deferred_hi == 0 and self._retries_hi == 0))
+            and self._deferred.certainly_empty()
             # launched tasks only: a cancel line may be another client's /slots request, and a
             # request it does not account for may have a task still waiting to be tried
             and len(self._definite) >= len(self._arrivals)

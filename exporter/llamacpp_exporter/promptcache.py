@@ -15,6 +15,7 @@ from typing import Protocol
 
 from . import parse as p
 from .cachemirror import CacheMirror, Source
+from .records import TaskDraft, selection_path
 
 MIB = 1048576.0
 
@@ -43,6 +44,22 @@ class Selection:
     f_keep: float | None = None  # of the LCP selection
     f_sim: float | None = None
     lora_cleared: bool = False
+
+    def hand_over(self, d: TaskDraft) -> None:
+        """What the task launched on the slot inherits from its selection."""
+        d.path = selection_path(self.method)
+        d.slot_tokens_before = self.slot_tokens_before
+        d.ram_consulted = self.ram_consulted
+        d.ram_candidates = len(self.candidates or ())
+        d.ram_best_f_sim = self.best_f_sim
+        d.lora_cache_cleared = self.lora_cleared
+        if self.restored_tokens is not None:
+            d.ram_restored = True
+            d.restored_tokens = self.restored_tokens if self.restored_tokens >= 0 else None
+            d.entry_source = self.restored_source
+            d.offered_tokens = self.restored_lcp
+        if self.method == "lcp" and self.f_sim is not None:
+            d.offered_f_sim = self.f_sim
 
 
 class PromptCacheLog:

@@ -114,6 +114,22 @@ class TaskDraft:
     end_us: int | None = None
     released_seq: int | None = None  # /slots snapshots seen when it was released
 
+    def seen_in_slots(self, s: SlotState) -> None:
+        """The task as /slots shows it while it runs: its LoRA list, and (below -lv 4) the
+        prompt tokens it reused."""
+        if s.lora is not None:
+            self.lora_request = s.lora
+        # n_prompt_tokens_cache is set when the prompt starts; trust it once the
+        # slot has processed prompt tokens or decoded, else it may still be stale.
+        if (
+            s.is_processing
+            and self.reuse_source is None
+            and s.n_prompt_tokens_cache is not None
+            and ((s.n_prompt_tokens_processed or 0) > 0 or (s.n_decoded or 0) > 0)
+        ):
+            self.reused_tokens = s.n_prompt_tokens_cache
+            self.reuse_source = "slots"
+
 
 @dataclass(frozen=True, slots=True)
 class SlotState:

@@ -1,0 +1,45 @@
+"""Server time as the log tells it, and when it went back.
+
+llama-server stamps each line with the time since its start. Time going back means a new
+process (a restart: a new epoch), or one stray line (another process writing to the same file,
+a line printed again). A restart shows its start banner or keeps going in the new time, so a
+line from the past is held until RESTART_CONFIRM_LINES of them make a restart, or time comes
+back and they were strays.
+"""
+
+from __future__ import annotations
+
+from . import parse as p
+
+EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
+RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) that make a restart
+
+
+class LogClock:
+    def __init__(self) -> None:
+        self.last_ts: int | None = None  # the last timestamp of this process; None: none yet
+        self.now = 0  # server time of the line being read, in microseconds
+        self.held: list[tuple[p.ParsedLine, int]] = []
+
+    def went_back(self, ts: int | None) -> bool:
+        return ts is not None and self.last_ts is not None and ts < self.last_ts - EPOCH_BACKWARDS_US
+
+    def hold(self, line: p.ParsedLine, now_us: int) -> bool:
+        """Hold a line from the past. True once the held lines (or a start banner) make a restart."""
+        if isinstance(line.event, p.ServerStarting):
+            return True
+        self.held.append((line, now_us))
+        return len(self.held) >= RESTART_CONFIRM_LINES
+
+    def take_held(self) -> list[tuple[p.ParsedLine, int]]:
+        held, self.held = self.held, []
+        return held
+
+    def advance(self, ts: int | None, now_us: int) -> None:
+        if ts is not None:
+            self.last_ts = self.now = ts
+        elif self.last_ts is None:
+            # no timestamps in this log (--no-log-prefix): the time we read the line is the
+            # best there is. With timestamps on, a line without one is a continuation line
+            # and keeps the time of the line it continues.
+            self.now = max(self.now, now_us)

@@ -1,0 +1,75 @@
+"""What the log says about the server process itself: its verbosity (are the -lv 4 cache
+diagnostics there?), DEBUG logging (prompt text in its log), its slots, its build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+from . import parse as p
+from .records import MAX_SLOTS
+
+
+class ServerSink(Protocol):
+    def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
+    def slots_known(self, slot_ids: list[int]) -> None: ...
+    def debug_logging_seen(self) -> None: ...
+    def server_build(self, number: int, commit: str) -> None: ...
+
+
+class ServerState:
+    def __init__(self, sink: ServerSink, on_change: Callable[[], None]) -> None:
+        self.sink = sink
+        self.on_change = on_change  # verbosity, diagnostics or the number of slots changed
+        self.verbosity: int | None = None
+        self.diagnostics: bool | None = None  # -lv 4 cache lines seen (True) or a task without them
+        self.known_slots: set[int] = set()
+        self.n_slots: int | None = None  # from the start banner
+        self._debug_warned = False
+
+    @property
+    def lineage_only(self) -> bool:
+        """Below -lv 4 no request shows its conversation id: only cache lineage can group them."""
+        return (self.verbosity is not None and self.verbosity < 4) or self.diagnostics is False
+
+    def set_diagnostics(self, available: bool) -> None:
+        if self.diagnostics != available:
+            self.diagnostics = available
+            self.sink.diagnostics(available, self.verbosity)
+            self.on_change()
+
+    def verbosity_read(self, ev: p.Verbosity) -> None:
+        self.verbosity = ev.level
+        self.on_change()
+        self.set_diagnostics(ev.level >= 4)
+        if ev.level >= 5:
+            self.debug_seen(p.DebugLine())
+
+    def debug_seen(self, ev: p.DebugLine) -> None:
+        if not self._debug_warned:
+            self._debug_warned = True
+            self.sink.debug_logging_seen()
+
+    def build(self, ev: p.ServerBuild) -> None:
+        self.sink.server_build(ev.number, ev.commit)
+
+    def slots_initialized(self, ev: p.SlotsInitialized) -> None:
+        self.n_slots = min(ev.n_slots, MAX_SLOTS)
+        self.announce_slots(range(ev.n_slots))
+        self.on_change()
+
+    def announce_slots(self, ids: Iterable[int]) -> None:
+        # bounded by what the server has (its start banner's n_slots, else a hard cap): each
+        # slot id becomes a label value
+        limit = self.n_slots if self.n_slots is not None else MAX_SLOTS
+        new = [i for i in ids if i not in self.known_slots and 0 <= i < limit]
+        if new:
+            self.known_slots.update(new)
+            self.sink.slots_known(sorted(new))
+            self.on_change()
+
+    def slots(self) -> int | None:
+        """How many slots the server has, as far as the log and /slots tell."""
+        if self.n_slots is not None:
+            return max(self.n_slots, len(self.known_slots))
+        return len(self.known_slots) or None
