@@ -1,4 +1,11 @@
+"""Test tiers. fast (every test not marked otherwise): pure, no process, no sleep, no network,
+enforced below. integration: processes, promtool, Prometheus, HTTP on loopback. real_server: a
+real llama-server with a real model. `tests/run.sh -m fast` runs the first tier in seconds."""
+
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -10,8 +17,39 @@ def pytest_addoption(parser):
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
 
 
+TIERS = ("integration", "real_server")
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "fast: pure (no process, no sleep, no network): every test not marked otherwise")
+    config.addinivalue_line(
+        "markers", "integration: starts processes (the exporter, promtool, Prometheus) or serves HTTP"
+    )
     config.addinivalue_line("markers", "real_server: runs a real llama-server (built and cached by the test set-up)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_stay_pure(request, monkeypatch):
+    """A fast test that starts a process, sleeps or opens a socket fails: mark it integration."""
+    if request.node.get_closest_marker("fast") is None:
+        return
+
+    def refuse(what: str):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"a fast test must not {what}: mark it pytest.mark.integration")
+
+        return refused
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process"))
+    monkeypatch.setattr(time, "sleep", refuse("sleep"))
+    monkeypatch.setattr(socket.socket, "connect", refuse("use the network"))
+    monkeypatch.setattr(socket.socket, "bind", refuse("use the network"))
 
 
 @pytest.fixture

@@ -60,6 +60,7 @@ def test_flags_override_the_file():
     assert cfg.llama.timeout_seconds == 1.5
 
 
+@pytest.mark.integration
 def test_config_check_exit_codes():
     ok = cli("--config.check", "--config.file", str(CONF / "good.yaml"))
     assert ok.returncode == 0 and "valid" in ok.stdout
@@ -68,6 +69,7 @@ def test_config_check_exit_codes():
     assert cli("--config.check", "--web.listen-address", "nonsense").returncode == 1
 
 
+@pytest.mark.integration
 def test_help_lists_every_setting():
     out = cli("--help").stdout
     for flag in (
@@ -89,6 +91,7 @@ def test_help_lists_every_setting():
     assert "--log.path" not in out  # accepted for a while, not advertised
 
 
+@pytest.mark.integration
 def test_input_and_own_log_flags_follow_the_exporter_toolkit_names(tmp_path):
     """--log.* is the exporter's own log (as in every exporter-toolkit exporter); llama-server's
     log, the input, is --llama.log-*. The names used before still work, with a warning."""
@@ -102,6 +105,7 @@ def test_input_and_own_log_flags_follow_the_exporter_toolkit_names(tmp_path):
     assert 'level=warn source=llamacpp_exporter msg="--log.path is deprecated' in res.stderr
 
 
+@pytest.mark.integration
 def test_api_key_from_file_or_env_never_printed(tmp_path):
     key = tmp_path / "key"
     key.write_text("# comment\ns3cr3t-key\n")
@@ -121,6 +125,7 @@ def test_api_key_from_file_or_env_never_printed(tmp_path):
     assert missing.returncode == 1 and "api_key_file" in missing.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, key",
     [
@@ -139,6 +144,7 @@ def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args, key)
     assert res.returncode == 1 and key in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "text, key",
     [
@@ -154,6 +160,7 @@ def test_infinite_and_nan_in_the_file_are_rejected(tmp_path, text, key):
     assert res.returncode == 1 and key in res.stderr and "Traceback" not in res.stderr, res.stderr
 
 
+@pytest.mark.integration
 def test_a_binary_config_file_is_a_clear_error(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_bytes(bytes(range(256)) * 4)

@@ -20,6 +20,7 @@ def load(f):
     return json.loads(f.read_text())
 
 
+@pytest.mark.integration
 def test_generated_dashboards_are_up_to_date():
     res = subprocess.run(
         [sys.executable, str(ROOT / "dashboards" / "build.py"), "--check"], capture_output=True, text=True
@@ -173,6 +174,7 @@ def empty_prometheus(tmp_path_factory):
     prom.stop()
 
 
+@pytest.mark.integration
 def test_every_dashboard_query_is_valid_promql(empty_prometheus):
     for e in dashboard_expressions():
         res = empty_prometheus.query(e.promql)

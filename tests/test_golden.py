@@ -61,6 +61,7 @@ def promtool() -> str:
     return path
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("log", LOG_NAMES)
 def test_exposition_passes_promtool_check_metrics(log):
     res = subprocess.run(

@@ -123,9 +123,28 @@ def test_unknown_and_malformed_lines_are_unrecognized(line):
     assert isinstance(p.parse_line(line).event, p.Unrecognized)
 
 
-def test_garbage_never_raises():
-    for line in ["", "\x00\xff", "{" * 10000, "0.00.000.000 I slot" + " " * 5000, "9" * 100_000]:
-        p.parse_line(line)
+@pytest.mark.parametrize(
+    ("line", "kind"),
+    [
+        ("", p.Ignored),
+        ("\x00\xff", p.Unreadable),
+        ("{" * 10000, p.Unrecognized),  # a JSONL record that is not one
+        ("0.00.000.000 I slot" + " " * 5000, p.Ignored),  # a prefix and no message
+        ("9" * 100_000, p.Ignored),  # text without a prefix: another program's output
+        ("[" * 5000, p.Ignored),
+    ],
+)
+def test_garbage_is_classified_by_the_parser_itself(line, kind):
+    """The parser proper (not parse_line's safety net, which would hide a raise) handles it."""
+    assert type(p._parse_line(line).event) is kind
+
+
+def test_a_parser_bug_costs_one_unrecognized_line(monkeypatch):
+    def broken(line: str) -> p.ParsedLine:
+        raise IndexError("a bug")
+
+    monkeypatch.setattr(p, "_parse_line", broken)
+    assert p.parse_line("0.01.108.522 I slot launch_slot_: id  0 | task 3 | processing task").event == p.UNRECOGNIZED
 
 
 def test_debug_lines_carry_no_text():
@@ -141,14 +160,16 @@ def test_debug_lines_carry_no_text():
     "log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log", "lv4-np1-seed-scenario.log"]
 )
 def test_recorded_logs_have_no_unrecognized_lines(log):
-    results = [p.parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
+    results = [p._parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
     assert not [r for r in results if isinstance(r.event, p.Unrecognized)]
-    assert (
-        sum(isinstance(r.event, p.TaskLaunched) for r in results)
-        == sum(1 for _ in (LOGS / log.replace(".log", ".truth.jsonl")).open())
-        if (LOGS / log.replace(".log", ".truth.jsonl")).exists()
-        else True
-    )
+
+
+@pytest.mark.parametrize("log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log"])
+def test_every_request_of_a_recorded_log_launches_one_task(log):
+    """One request task per response the client got (these workloads send n = 1)."""
+    results = [p.parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
+    launched = sum(isinstance(r.event, p.TaskLaunched) and not r.event.is_child for r in results)
+    assert launched == len((LOGS / log.replace(".log", ".truth.jsonl")).read_text().splitlines())
 
 
 def test_bytes_that_are_not_text_are_unreadable_not_ignored():

@@ -9,7 +9,10 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from realserver import ExporterProcess, free_port
+
+pytestmark = pytest.mark.integration
 
 FIXTURE = Path(__file__).parent / "fixtures" / "invented" / "text-bearing-lines.log"
 CANARY = "quokkacanary"

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from realserver import ExporterProcess, free_port, wait_for
 
+pytestmark = pytest.mark.integration
+
 LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 
 

@@ -53,6 +53,7 @@ class _Families(Collector):
         return self.fams
 
 
+@pytest.mark.integration
 def test_rename_server_metrics_recorded_and_promtool_clean():
     fams = rename_server_metrics((FIX / "metrics.txt").read_text())
     names = {s.name for f in fams for s in f.samples}
@@ -133,6 +134,7 @@ def poller_for(url: str, timeout: float = 0.3):
     )
 
 
+@pytest.mark.integration
 def test_poller_dead_server_sets_up_zero_and_counts_errors():
     poller, reg, got = poller_for(f"http://127.0.0.1:{free_port()}")
     poller.poll_all_once()
@@ -142,6 +144,7 @@ def test_poller_dead_server_sets_up_zero_and_counts_errors():
     assert poller.collect_server_families() == []
 
 
+@pytest.mark.integration
 def test_poller_garbage_and_errors_are_counted_not_raised():
     class B(FakeBehaviour):
         slots_body = b"not json"
@@ -159,6 +162,7 @@ def test_poller_garbage_and_errors_are_counted_not_raised():
         srv.shutdown()
 
 
+@pytest.mark.integration
 def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
     class B(FakeBehaviour):
         delay = 60.0
@@ -180,6 +184,7 @@ def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
         srv.shutdown()
 
 
+@pytest.mark.integration
 def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path):
     exp = ExporterProcess(
         ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.poll-interval", "0.2"], tmp_path
@@ -201,6 +206,7 @@ def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path
     assert "ConnectError" in log and "Traceback" not in log
 
 
+@pytest.mark.integration
 def test_exporter_conventions_build_info_process_metrics_and_ready(tmp_path):
     exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}"], tmp_path).start()
     try:
@@ -213,6 +219,7 @@ def test_exporter_conventions_build_info_process_metrics_and_ready(tmp_path):
         exp.stop()
 
 
+@pytest.mark.integration
 def test_ready_reports_a_stopped_log_follower(tmp_path):
     from llamacpp_exporter.app import Exporter
     from llamacpp_exporter.cli import build_parser, config_from_args
@@ -235,6 +242,7 @@ def test_ready_reports_a_stopped_log_follower(tmp_path):
         exp.shutdown()
 
 
+@pytest.mark.integration
 def test_a_loading_llama_server_is_loading_not_down(tmp_path):
     """A real llama-server answers 503 on /health until its model is loaded: the exporter,
     started first and polling fast, sees llamacpp_loading 1 (not a down server), then up."""
@@ -309,6 +317,7 @@ def test_slot_ids_are_bounded_by_what_the_server_has():
     assert replay_records(log_lines("lv4-np2-text.log"))[0]  # unchanged elsewhere
 
 
+@pytest.mark.integration
 def test_credentials_in_the_url_are_never_logged(tmp_path):
     exp = ExporterProcess(["--llama.url", f"http://admin:hunter2secret@127.0.0.1:{free_port()}"], tmp_path).start()
     try:
@@ -319,6 +328,7 @@ def test_credentials_in_the_url_are_never_logged(tmp_path):
     assert "hunter2secret" not in log and "admin:xxxxx@127.0.0.1" in log
 
 
+@pytest.mark.integration
 def test_an_oversized_answer_is_dropped_and_counted_not_buffered():
     class B(FakeBehaviour):
         slots_body = b"[" + b'{"id": 0, "x": "' + b"a" * (50 << 20) + b'"}]'
@@ -334,6 +344,7 @@ def test_an_oversized_answer_is_dropped_and_counted_not_buffered():
         srv.shutdown()
 
 
+@pytest.mark.integration
 def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monkeypatch):
     """/health dripping a byte a second (15 s in all): down after the 1 s deadline, not when
     the answer ends. /slots dripping (60 s in all): given up after its own 5 s deadline, while
@@ -381,6 +392,7 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
         srv.shutdown()
 
 
+@pytest.mark.integration
 def test_a_burst_of_parallel_scrapes_is_answered(tmp_path):
     """400 scrapes, 200 at a time (many Prometheus servers, a dashboard refresh storm)."""
     from concurrent.futures import ThreadPoolExecutor

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from realserver import wait_for
 from support import value
 
@@ -151,6 +152,7 @@ def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
     assert c.lines == ["bad \ufffd\ufffd bytes"]
 
 
+@pytest.mark.integration
 def test_stdin_stream():
     proc = subprocess.Popen([sys.executable, "-c", "print('one'); print('two', end='')"], stdout=subprocess.PIPE)
     c = Collect()
@@ -159,6 +161,7 @@ def test_stdin_stream():
     assert c.lines == ["one", "two"]
 
 
+@pytest.mark.integration
 def test_command_is_followed_and_restarted(tmp_path):
     marker = tmp_path / "runs"
     cmd = f"echo run >> {marker}; echo line-$(wc -l < {marker}); echo err 1>&2"
@@ -219,16 +222,19 @@ def _run_exporter_on(source_args: list[str], stdin_bytes: bytes | None, tmp_path
 LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 
 
+@pytest.mark.integration
 def test_exporter_reads_standard_input(tmp_path):
     text = _run_exporter_on(["--llama.log-path", "-"], LOG.read_bytes(), tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
 
 
+@pytest.mark.integration
 def test_exporter_follows_a_command(tmp_path):
     text = _run_exporter_on(["--llama.log-command", f"cat {LOG}; sleep 60"], None, tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
 
 
+@pytest.mark.integration
 def test_directory_watch_wakes_on_append(tmp_path):
     from llamacpp_exporter.tail import DirectoryWatch
 
@@ -309,6 +315,7 @@ def _records_through_command(cmd: str, during) -> tuple[list, SourceStats, objec
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 
+@pytest.mark.integration
 def test_a_command_that_replays_its_history_at_every_restart_counts_each_request_once(caplog):
     """`docker logs -f` / `journalctl -f` print history when started again. A command that
     prints a recorded 32-request log and exits, run three times: still 32 requests."""
@@ -330,6 +337,7 @@ def test_a_command_that_replays_its_history_at_every_restart_counts_each_request
     assert stats.replayed_lines >= 2 * n - 10
 
 
+@pytest.mark.integration
 def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tmp_path):
     """`tail -n 10 -F` killed three times while llama-server's recorded log is written in four
     parts: each restart prints the last 10 lines again (earlier timestamps: a false restart and

@@ -19,6 +19,8 @@ from realserver import free_port, terminate
 from llamacpp_exporter.config import ConfigError
 from llamacpp_exporter.web import load_web_config
 
+pytestmark = pytest.mark.integration
+
 PASSWORD = "correct horse battery staple"
 
 
