@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import queries as q
 import yaml
 
 HERE = Path(__file__).resolve().parent
@@ -42,46 +43,35 @@ def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
     s = c["selector"]
     w_miss = c["ram_miss_rate"]["window"]
     w_cont = c["prefill_contention"]["window"]
+    w_rate, w_sum = c["windows"]["recorded_rate"], c["windows"]["summary"]
     rules = [
         {
-            "record": "job_instance_path_lora:llamacpp_requests:rate5m",
-            "expr": f"sum by ({BY}, path, lora) (rate(llamacpp_requests_total{{{s}}}[5m]))",
+            "record": f"job_instance_path_lora:llamacpp_requests:rate{w_rate}",
+            "expr": q.rate("llamacpp_requests_total", s, w_rate, f"{BY}, path, lora"),
         },
         {
             "record": f"job_instance_lora:llamacpp_ram_path_long_prompts:increase{w_miss}",
-            "expr": f'sum by ({BY}, lora) (increase(llamacpp_prompt_cache_outcomes_total{{{s}, path="ram"}}[{w_miss}]))',
+            "expr": q.ram_long_prompts(s, f"{BY}, lora", w_miss),
         },
         {
             "record": f"job_instance_lora:llamacpp_ram_path_miss_ratio:ratio{w_miss}",
-            "expr": expr(f"""
-sum by ({BY}, lora) (increase(llamacpp_prompt_cache_outcomes_total{{{s}, path="ram", outcome="miss"}}[{w_miss}]))
-/
-sum by ({BY}, lora) (increase(llamacpp_prompt_cache_outcomes_total{{{s}, path="ram"}}[{w_miss}]))
-"""),
+            "expr": expr(q.ram_miss_ratio(s, f"{BY}, lora", w_miss)),
         },
         {
-            "record": "job_instance_lora_result:llamacpp_prompt_cache_restores:increase15m",
-            "expr": f"sum by ({BY}, lora, result) (increase(llamacpp_prompt_cache_restores_total{{{s}}}[15m]))",
+            "record": f"job_instance_lora_result:llamacpp_prompt_cache_restores:increase{w_sum}",
+            "expr": q.increase(q.RESTORES, s, w_sum, f"{BY}, lora, result"),
         },
         {
-            "record": "job_instance_path:llamacpp_prompt_tokens_reused:ratio_rate5m",
-            "expr": expr(f"""
-sum by ({BY}, path) (rate(llamacpp_prompt_tokens_reused_total{{{s}}}[5m]))
-/
-sum by ({BY}, path) (rate(llamacpp_prompt_tokens_total{{{s}}}[5m]))
-"""),
+            "record": f"job_instance_path:llamacpp_prompt_tokens_reused:ratio_rate{w_rate}",
+            "expr": expr(q.reuse_ratio(s, f"{BY}, path", w_rate)),
         },
         {
             "record": f"job_instance_contention:llamacpp_time_per_output_token_seconds:mean{w_cont}",
-            "expr": expr(f"""
-sum by ({BY}, contention) (rate(llamacpp_time_per_output_token_seconds_sum{{{s}}}[{w_cont}]))
-/
-sum by ({BY}, contention) (rate(llamacpp_time_per_output_token_seconds_count{{{s}}}[{w_cont}]))
-"""),
+            "expr": expr(q.tpot_mean(s, f"{BY}, contention", w_cont)),
         },
         {
             "record": f"job_instance_contention:llamacpp_time_per_output_token_seconds_count:increase{w_cont}",
-            "expr": f"sum by ({BY}, contention) (increase(llamacpp_time_per_output_token_seconds_count{{{s}}}[{w_cont}]))",
+            "expr": q.increase(q.TPOT + "_count", s, w_cont, f"{BY}, contention"),
         },
         {
             "record": "job_instance:llamacpp_prompt_cache_usage:ratio",
@@ -134,7 +124,7 @@ job_instance_lora:llamacpp_ram_path_long_prompts:increase{m["window"]} >= {m["mi
         alert(
             "LlamaCppPromptCacheWrongfulLoraDiscard",
             f"""
-sum by ({BY}, lora) (increase(llamacpp_prompt_cache_restores_total{{{s}, result="discarded_lora_wrongful"}}[{wd["window"]}])) > 0
+{q.wrongful_lora_discards(s, f"{BY}, lora", wd["window"])} > 0
 """,
             wd["for"],
             "warning",
@@ -160,10 +150,9 @@ sum by ({BY}, lora) (increase(llamacpp_prompt_cache_lora_mismatch_reuse_total{{{
         alert(
             "LlamaCppPromptCacheThrashing",
             f"""
-sum by ({BY}) (increase(llamacpp_prompt_cache_misses_total{{{s}, cause="evicted"}}[{th["window"]}]))
-  / sum by ({BY}) (increase(llamacpp_prompt_cache_outcomes_total{{{s}}}[{th["window"]}])) > {th["share"]}
+{q.evicted_miss_share(s, BY, th["window"])} > {th["share"]}
 and
-sum by ({BY}) (increase(llamacpp_prompt_cache_misses_total{{{s}, cause="evicted"}}[{th["window"]}])) >= {th["min_misses"]}
+{q.evicted_misses(s, BY, th["window"])} >= {th["min_misses"]}
 """,
             th["for"],
             "warning",
@@ -265,10 +254,9 @@ and on ({BY})
         alert(
             "LlamaCppLogParseDrift",
             f"""
-sum by ({BY}) (rate(llamacpp_exporter_log_lines_total{{{s}, result=~"unrecognized|unreadable"}}[{pd["window"]}]))
-  / sum by ({BY}) (rate(llamacpp_exporter_log_lines_total{{{s}}}[{pd["window"]}])) > {pd["ratio"]}
+{q.unparsed_ratio(s, BY, pd["window"])} > {pd["ratio"]}
 and
-sum by ({BY}) (increase(llamacpp_exporter_log_lines_total{{{s}, result=~"unrecognized|unreadable"}}[{pd["window"]}])) > {pd["min_lines"]}
+{q.unparsed_lines(s, BY, pd["window"])} > {pd["min_lines"]}
 """,
             pd["for"],
             "warning",
@@ -383,7 +371,7 @@ def service_monitor(c: dict[str, Any]) -> dict[str, Any]:
 
 def render() -> dict[str, str]:
     """File name (relative to the repository) -> content."""
-    c = yaml.safe_load((HERE / "config" / "thresholds.yaml").read_text())
+    c = q.thresholds()
     dump = lambda d: HEADER + yaml.safe_dump(d, sort_keys=False, width=200, allow_unicode=True)  # noqa: E731
     return {
         "alerts/llamacpp-rules.yaml": dump(recording_rules(c)),

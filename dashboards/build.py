@@ -15,10 +15,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 HERE = Path(__file__).resolve().parent
-THRESHOLDS = yaml.safe_load((HERE.parent / "alerts" / "config" / "thresholds.yaml").read_text())
+sys.path.insert(0, str(HERE.parent / "alerts"))
+import queries as q  # noqa: E402  (the PromQL blocks the rules use too)
+
+THRESHOLDS = q.thresholds()
+WINDOWS = THRESHOLDS["windows"]
 DS = {"type": "prometheus", "uid": "${datasource}"}
 S = 'job=~"$job", instance=~"$instance"'  # every series selector carries these
 RI = "$__rate_interval"
@@ -306,23 +308,13 @@ def dashboard(
     }
 
 
-def ram_miss_ratio(by: str, window: str = RI) -> str:
-    outcomes = "llamacpp_prompt_cache_outcomes_total"
-    return (
-        f'sum by ({by}) (increase({outcomes}{{{S}, path="ram", outcome="miss"}}[{window}]))\n'
-        f'/\nsum by ({by}) (increase({outcomes}{{{S}, path="ram"}}[{window}]))'
-    )
+def minutes(window: str) -> str:
+    """15m -> 15 min, for titles."""
+    return f"{window[:-1]} min" if window.endswith("m") else window
 
 
 def quantiles(metric: str, by: str, legend: str) -> list[tuple[str, str]]:
-    sep = ", " if by else ""
-    return [
-        (
-            f"histogram_quantile({q}, sum by (le{sep}{by}) (rate({metric}_bucket{{{S}}}[{RI}])))",
-            f"p{int(q * 100)} {legend}".strip(),
-        )
-        for q in (0.5, 0.9)
-    ]
+    return [(q.quantile(p, metric, S, by, RI), f"p{int(p * 100)} {legend}".strip()) for p in (0.5, 0.9)]
 
 
 LINKS = [
@@ -345,10 +337,12 @@ def overview() -> dict[str, Any]:
             },
         }
     ]
+    w_sum, w_miss = WINDOWS["summary"], THRESHOLDS["ram_miss_rate"]["window"]
+    w_wrongful, w_drift = THRESHOLDS["wrongful_lora_discard"]["window"], THRESHOLDS["log_parse_drift"]["window"]
     lay = Layout()
     lay.row("At a glance")
-    # Stats use the alerts' 15 minutes: at llama.cpp's request rates a $__rate_interval window is
-    # often empty.
+    # Stats use the alerts' windows (and windows.summary): at llama.cpp's request rates a
+    # $__rate_interval window is often empty.
     lay.add(
         stat(
             "Servers down",
@@ -365,21 +359,21 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         stat(
-            "Requests, last 15 min",
-            "Completed requests in the last 15 minutes, all selected servers.",
+            f"Requests, last {minutes(w_sum)}",
+            f"Completed requests in the last {minutes(w_sum)}utes, all selected servers.",
             "short",
-            f"sum(increase(llamacpp_requests_total{{{S}}}[15m]))",
+            q.increase("llamacpp_requests_total", S, w_sum),
         ),
         4,
         4,
     )
     lay.add(
         stat(
-            "RAM-path miss ratio, 15 min",
+            f"RAM-path miss ratio, {minutes(w_miss)}",
             "Share of long prompts (>= cache.min_prompt_tokens) coming back through the RAM prompt cache that "
-            "reused less than 10% of their prompt, over the alert's 15 minutes. Needs -lv 4.",
+            f"reused less than 10% of their prompt, over the alert's {minutes(w_miss)}utes. Needs -lv 4.",
             "percentunit",
-            ram_miss_ratio("job", "15m"),
+            q.ram_miss_ratio(S, "job", w_miss),
             red_above=miss_t,
         ),
         4,
@@ -387,12 +381,12 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         stat(
-            "Wrongful LoRA discards, 15 min",
+            f"Wrongful LoRA discards, {minutes(w_wrongful)}",
             "Restored RAM-cache entries that llama-server discarded for a LoRA change although they were computed "
             "under the request's own LoRA (the LoRA restore bug: the server compares with the previous request's "
-            "LoRA on that slot), over the last 15 minutes.",
+            f"LoRA on that slot), over the last {minutes(w_wrongful)}utes.",
             "none",
-            f'sum(increase(llamacpp_prompt_cache_restores_total{{{S}, result="discarded_lora_wrongful"}}[15m]))',
+            q.wrongful_lora_discards(S, None, w_wrongful),
             red_above=0.5,
         ),
         4,
@@ -411,11 +405,11 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         stat(
-            "Unrecognized log lines, 15 min",
-            "Log lines the exporter did not recognise, or that were not text, in the last 15 minutes. Rising: a "
-            "new llama.cpp build changed its log, or something else writes into the log file.",
+            f"Unrecognized log lines, {minutes(w_drift)}",
+            f"Log lines the exporter did not recognise, or that were not text, in the last {minutes(w_drift)}utes. "
+            "Rising: a new llama.cpp build changed its log, or something else writes into the log file.",
             "short",
-            f'sum(increase(llamacpp_exporter_log_lines_total{{{S}, result=~"unrecognized|unreadable"}}[15m]))',
+            q.unparsed_lines(S, None, w_drift),
             red_above=10,
         ),
         4,
@@ -508,7 +502,7 @@ def overview() -> dict[str, Any]:
             "Share of long RAM-path prompts that missed the cache, by LoRA state. The red line is the "
             "LlamaCppRamCacheMissRateHigh threshold (the alert also needs enough requests).",
             "percentunit",
-            [(ram_miss_ratio("lora"), "lora {{lora}}")],
+            [(q.ram_miss_ratio(S, "lora", RI), "lora {{lora}}")],
             threshold=miss_t,
         ),
         8,
@@ -553,7 +547,7 @@ def overview() -> dict[str, Any]:
             "Mean decode time per token of requests, p50 and p90, split by whether other slots were prefilling "
             "during their decoding (prefill) or not (none).",
             "s",
-            quantiles("llamacpp_time_per_output_token_seconds", "contention", "{{contention}}"),
+            quantiles(q.TPOT, "contention", "{{contention}}"),
             exemplar=True,
         ),
         12,
@@ -668,7 +662,7 @@ def prompt_cache() -> dict[str, Any]:
             "reqps",
             [
                 (
-                    f"sum by (path, lora, outcome) (rate(llamacpp_prompt_cache_outcomes_total{{{S}}}[{RI}]))",
+                    q.rate(q.OUTCOMES, S, RI, "path, lora, outcome"),
                     "{{outcome}} {{path}} / lora {{lora}}",
                 )
             ],
@@ -811,7 +805,6 @@ def contention() -> dict[str, Any]:
         12,
         9,
     )
-    tpot = "llamacpp_time_per_output_token_seconds"
     lay.add(
         timeseries(
             "Generation speed while another slot prefills",
@@ -819,16 +812,8 @@ def contention() -> dict[str, Any]:
             "against the others (1 / mean time per output token).",
             "suffix: tok/s",
             [
-                (
-                    f'sum(rate({tpot}_count{{{S}, contention="prefill"}}[{RI}]))\n/\n'
-                    f'sum(rate({tpot}_sum{{{S}, contention="prefill"}}[{RI}]))',
-                    "while another slot prefills",
-                ),
-                (
-                    f'sum(rate({tpot}_count{{{S}, contention="none"}}[{RI}]))\n/\n'
-                    f'sum(rate({tpot}_sum{{{S}, contention="none"}}[{RI}]))',
-                    "otherwise",
-                ),
+                (q.generation_speed(S, None, RI, 'contention="prefill"'), "while another slot prefills"),
+                (q.generation_speed(S, None, RI, 'contention="none"'), "otherwise"),
             ],
             overrides=[color("while another slot prefills", "red"), color("otherwise", "green")],
         ),
@@ -879,12 +864,8 @@ def contention() -> dict[str, Any]:
             "the others (none). Exemplars name slot and task.",
             "s",
             [
-                (
-                    f"sum by (contention) (rate(llamacpp_time_per_output_token_seconds_sum{{{S}}}[{RI}]))\n/\n"
-                    f"sum by (contention) (rate(llamacpp_time_per_output_token_seconds_count{{{S}}}[{RI}]))",
-                    "mean {{contention}}",
-                ),
-                *quantiles("llamacpp_time_per_output_token_seconds", "contention", "{{contention}}"),
+                (q.tpot_mean(S, "contention", RI), "mean {{contention}}"),
+                *quantiles(q.TPOT, "contention", "{{contention}}"),
             ],
             exemplar=True,
         ),
@@ -915,7 +896,7 @@ def contention() -> dict[str, Any]:
             "s",
             [
                 (
-                    f"histogram_quantile(0.9, sum by (le, path) (rate(llamacpp_prefill_duration_seconds_bucket{{{S}}}[{RI}])))",
+                    q.quantile(0.9, "llamacpp_prefill_duration_seconds", S, "path", RI),
                     "p90 {{path}}",
                 )
             ],
@@ -931,7 +912,7 @@ def contention() -> dict[str, Any]:
             "short",
             [
                 (
-                    f"histogram_quantile(0.9, sum by (le, path) (rate(llamacpp_prefill_tokens_bucket{{{S}}}[{RI}])))",
+                    q.quantile(0.9, "llamacpp_prefill_tokens", S, "path", RI),
                     "p90 {{path}}",
                 )
             ],
@@ -957,9 +938,11 @@ def contention() -> dict[str, Any]:
         12,
         8,
     )
+    w_marks = WINDOWS["large_prefill_marks"]
+    below = f'le="{LARGE_PREFILL_TOKENS}.0"'
     large = (
-        f"sum by (instance) (increase(llamacpp_prefill_tokens_count{{{S}}}[1m]))\n-\n"
-        f'sum by (instance) (increase(llamacpp_prefill_tokens_bucket{{{S}, le="{LARGE_PREFILL_TOKENS}.0"}}[1m])) > 0'
+        f"{q.increase('llamacpp_prefill_tokens_count', S, w_marks, 'instance')}\n-\n"
+        f"{q.increase('llamacpp_prefill_tokens_bucket', S, w_marks, 'instance', below)} > 0"
     )
     annotations = [
         {
@@ -969,7 +952,7 @@ def contention() -> dict[str, Any]:
             "hide": False,
             "iconColor": "orange",
             "expr": large,
-            "step": "1m",
+            "step": w_marks,
             "titleFormat": "Large prefill",
             "textFormat": f"{{{{instance}}}}: {{{{value}}}} prefill(s) above {LARGE_PREFILL_TOKENS} tokens",
             "useValueForTime": False,

@@ -179,3 +179,32 @@ def test_every_dashboard_query_is_valid_promql(empty_prometheus):
     for e in dashboard_expressions():
         res = empty_prometheus.query(e.promql)
         assert res["status"] == "success", f"{e.where}: {res.get('error')}"
+
+
+BUILDERS = [ROOT / "alerts" / "build.py", ROOT / "dashboards" / "build.py"]
+
+
+def test_every_fixed_window_comes_from_the_thresholds_file():
+    """The builders write no window of their own: each is an alert's, one of `windows:` in
+    alerts/config/thresholds.yaml, or Grafana's $__rate_interval."""
+    for path in BUILDERS:
+        fixed = re.findall(r"\[\d+[smhdw]\]", path.read_text())
+        assert not fixed, f"{path.name}: {fixed}"
+
+
+def test_shared_figures_are_written_once_in_the_query_blocks():
+    """The RAM-path miss ratio, wrongful discards, time per output token, evicted misses and
+    unparsed lines are computed by alerts/queries.py for the rules and the dashboards alike:
+    neither builder spells the series they are made of."""
+    for path in BUILDERS:
+        text = path.read_text()
+        for series in (
+            "llamacpp_prompt_cache_outcomes_total{",
+            "llamacpp_time_per_output_token_seconds_sum{",
+            "llamacpp_time_per_output_token_seconds_count{",
+            'result="discarded_lora_wrongful"',
+            'cause="evicted"',
+            "unrecognized|unreadable",
+            "histogram_quantile(",
+        ):
+            assert series not in text, f"{path.name} writes {series} itself: use alerts/queries.py"

@@ -1,0 +1,96 @@
+"""PromQL building blocks of the recording rules, the alerts (alerts/build.py) and the
+dashboards (dashboards/build.py). A ratio or a mean is written once, here, so that a dashboard
+and a rule cannot compute the same figure two ways; every fixed window comes from
+alerts/config/thresholds.yaml. Each block takes the series selector (the rules' job, the
+dashboards' $job and $instance), the labels to keep, and the window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+THRESHOLDS_PATH = Path(__file__).resolve().parent / "config" / "thresholds.yaml"
+
+OUTCOMES = "llamacpp_prompt_cache_outcomes_total"
+RESTORES = "llamacpp_prompt_cache_restores_total"
+MISSES = "llamacpp_prompt_cache_misses_total"
+TPOT = "llamacpp_time_per_output_token_seconds"
+LOG_LINES = "llamacpp_exporter_log_lines_total"
+UNPARSED = 'result=~"unrecognized|unreadable"'  # lines the exporter could not read as llama-server's
+
+
+def thresholds() -> dict[str, Any]:
+    return yaml.safe_load(THRESHOLDS_PATH.read_text())
+
+
+def _sel(selector: str, matchers: str) -> str:
+    return "{" + ", ".join(m for m in (selector, matchers) if m) + "}"
+
+
+def _sum(by: str | None, inner: str) -> str:
+    return f"sum by ({by}) ({inner})" if by else f"sum({inner})"
+
+
+def increase(metric: str, selector: str, window: str, by: str | None = None, matchers: str = "") -> str:
+    return _sum(by, f"increase({metric}{_sel(selector, matchers)}[{window}])")
+
+
+def rate(metric: str, selector: str, window: str, by: str | None = None, matchers: str = "") -> str:
+    return _sum(by, f"rate({metric}{_sel(selector, matchers)}[{window}])")
+
+
+def ram_long_prompts(selector: str, by: str | None, window: str) -> str:
+    """Long prompts (>= cache.min_prompt_tokens) that came back through the RAM prompt cache."""
+    return increase(OUTCOMES, selector, window, by, 'path="ram"')
+
+
+def ram_miss_ratio(selector: str, by: str | None, window: str) -> str:
+    """Share of those that missed (reused less than the miss ratio of their prompt)."""
+    misses = increase(OUTCOMES, selector, window, by, 'path="ram", outcome="miss"')
+    return f"{misses}\n/\n{ram_long_prompts(selector, by, window)}"
+
+
+def wrongful_lora_discards(selector: str, by: str | None, window: str) -> str:
+    """Restored entries discarded for a LoRA change although computed under the request's LoRA."""
+    return increase(RESTORES, selector, window, by, 'result="discarded_lora_wrongful"')
+
+
+def reuse_ratio(selector: str, by: str | None, window: str) -> str:
+    """Prompt tokens reused over prompt tokens."""
+    reused = rate("llamacpp_prompt_tokens_reused_total", selector, window, by)
+    return f"{reused}\n/\n{rate('llamacpp_prompt_tokens_total', selector, window, by)}"
+
+
+def tpot_mean(selector: str, by: str | None, window: str, matchers: str = "") -> str:
+    """Mean decode time per output token."""
+    return f"{rate(TPOT + '_sum', selector, window, by, matchers)}\n/\n{rate(TPOT + '_count', selector, window, by, matchers)}"
+
+
+def generation_speed(selector: str, by: str | None, window: str, matchers: str = "") -> str:
+    """Tokens per second while decoding: 1 / tpot_mean."""
+    return f"{rate(TPOT + '_count', selector, window, by, matchers)}\n/\n{rate(TPOT + '_sum', selector, window, by, matchers)}"
+
+
+def evicted_misses(selector: str, by: str | None, window: str) -> str:
+    """Long prompts re-prefilled because their conversation's RAM-cache entry had been evicted."""
+    return increase(MISSES, selector, window, by, 'cause="evicted"')
+
+
+def evicted_miss_share(selector: str, by: str | None, window: str) -> str:
+    return f"{evicted_misses(selector, by, window)}\n  / {increase(OUTCOMES, selector, window, by)}"
+
+
+def unparsed_lines(selector: str, by: str | None, window: str) -> str:
+    return increase(LOG_LINES, selector, window, by, UNPARSED)
+
+
+def unparsed_ratio(selector: str, by: str | None, window: str) -> str:
+    return f"{rate(LOG_LINES, selector, window, by, UNPARSED)}\n  / {rate(LOG_LINES, selector, window, by)}"
+
+
+def quantile(q: float, histogram: str, selector: str, by: str, window: str) -> str:
+    keep = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, {rate(histogram + '_bucket', selector, window, keep)})"
