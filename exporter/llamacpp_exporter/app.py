@@ -183,7 +183,7 @@ class Exporter:
             settings_from(cfg),
             events_path=cfg.events.path,
             slots_polled=cfg.llama.poll_slots,
-            request_poll=self._request_poll,
+            request_slots_poll=self._request_slots_poll,
             pseudonymize=Pseudonymizer(salt),
             costs=self.costs,
         )
@@ -222,7 +222,7 @@ class Exporter:
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None
 
-    def _request_poll(self) -> None:
+    def _request_slots_poll(self) -> None:
         self.poller.request_slots_poll()
 
     def _put(self, item: Any) -> None:

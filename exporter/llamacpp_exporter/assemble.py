@@ -64,11 +64,11 @@ class Assembler:
         *,
         on_record: Callable[[RequestRecord], None],
         slots_polled: bool = False,
-        request_poll: Callable[[], None] | None = None,
+        request_slots_poll: Callable[[], None] | None = None,
         pseudonymize: Callable[[str], str] | None = None,
     ) -> None:
         self.sink = sink
-        self.request_poll = request_poll  # ask for a /slots poll now (a task started or ended)
+        self.request_slots_poll = request_slots_poll  # ask for a /slots poll now (a task started or ended)
         self.epoch = 0
         self.server = ServerState(sink, self._server_changed)
         self.clock = LogClock()
@@ -248,8 +248,8 @@ class Assembler:
         s.draft = d
         s.last_task = ev.task
         self.prefills.launched(ev.slot, ev.task, self.clock.now)
-        if self.request_poll is not None:
-            self.request_poll()
+        if self.request_slots_poll is not None:
+            self.request_slots_poll()
 
     def _draft(self, slot: int, task: int) -> TaskDraft | None:
         s = self._slots.get(slot)
@@ -326,8 +326,8 @@ class Assembler:
             d.prompt_tokens = d.reused_tokens + d.prefill_tokens
         if d.reuse_source != "log" and not d.cancelled and self.server.verbosity is None:
             self.server.set_diagnostics(False)  # a whole task without its TRACE lines: -lv 3
-        if self.request_poll is not None:
-            self.request_poll()  # capture params.lora right after the task, if missed
+        if self.request_slots_poll is not None:
+            self.request_slots_poll()  # capture params.lora right after the task, if missed
         self.finisher.add(d)
 
     def _release_running(self) -> None:

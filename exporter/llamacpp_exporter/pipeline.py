@@ -141,7 +141,7 @@ class Pipeline:
         *,
         events_path: str | None = None,
         slots_polled: bool = False,
-        request_poll: Callable[[], None] | None = None,
+        request_slots_poll: Callable[[], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
         clock: Callable[[], float] = time.time,
         pseudonymize: Callable[[str], str] | None = None,
@@ -165,7 +165,7 @@ class Pipeline:
             settings,
             on_record=self._emit,
             slots_polled=slots_polled,
-            request_poll=request_poll,
+            request_slots_poll=request_slots_poll,
             pseudonymize=pseudonymize,
         )
 
