@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
 
@@ -228,18 +231,11 @@ class LogMetrics:
             ["slot"],
             registry=r,
         )
-        self.log_lines = Counter(
-            "llamacpp_exporter_log_lines",
-            "Log lines read, by result: parsed, ignored (known, not needed), unrecognized (a server line whose "
-            "message is unknown: a new build), unreadable (not UTF-8 text, or binary), oversized.",
-            ["result"],
-            registry=r,
-        )
-        self.last_line = Gauge(
-            "llamacpp_exporter_last_log_line_timestamp_seconds",
-            "Unix time at which the last log line was read.",
-            registry=r,
-        )
+        # Counted for every line: plain numbers, rendered at scrape time (no lock, no label
+        # lookup on the hot path), as client_python advises for exporters.
+        self.lines: dict[str, int] = dict.fromkeys(LOG_LINE_RESULTS, 0)
+        self.last_line_time = 0.0
+        registry.register(_LineCollector(self))
         self.diag_available = Gauge(
             "llamacpp_exporter_cache_diagnostics_available",
             "1 when llama-server logs at -lv 4 (RAM prompt-cache narrative visible), 0 when not, -1 while unknown.",
@@ -284,12 +280,10 @@ class LogMetrics:
         self._slots: set[int] = set()
         self.diag_available.set(-1)
         self.verbosity.set(-1)
-        for res in LOG_LINE_RESULTS:
-            self.log_lines.labels(res)
 
     def line_read(self, result: str, now: float | None = None) -> None:
-        self.log_lines.labels(result).inc()
-        self.last_line.set(time.time() if now is None else now)
+        self.lines[result] += 1
+        self.last_line_time = time.time() if now is None else now
 
     def internal_error(self) -> None:
         self.internal_errors.inc()
@@ -338,3 +332,24 @@ class LogMetrics:
 
     def debug_logging_seen(self) -> None:
         self.debug_logging.set(1)
+
+
+class _LineCollector(Collector):
+    def __init__(self, m: LogMetrics) -> None:
+        self.m = m
+
+    def collect(self) -> Iterator[Metric]:
+        lines = CounterMetricFamily(
+            "llamacpp_exporter_log_lines",
+            "Log lines read, by result: parsed, ignored (known, not needed), unrecognized (a server line whose "
+            "message is unknown: a new build), unreadable (not UTF-8 text, or binary), oversized.",
+            labels=["result"],
+        )
+        for result, n in list(self.m.lines.items()):
+            lines.add_metric([result], n)
+        yield lines
+        yield GaugeMetricFamily(
+            "llamacpp_exporter_last_log_line_timestamp_seconds",
+            "Unix time at which the last log line was read.",
+            value=self.m.last_line_time,
+        )

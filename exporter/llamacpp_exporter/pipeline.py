@@ -178,8 +178,9 @@ class Pipeline:
         """Hot path. Never raises on input: an unknown line is counted and skipped."""
         t = self.clock() if now is None else now
         parsed = parse.parse_line(line)
-        result = _RESULT.get(type(parsed.event), "parsed")
-        self.metrics.line_read(result, t)
+        m = self.metrics
+        m.lines[_RESULT.get(type(parsed.event), "parsed")] += 1
+        m.last_line_time = t
         try:
             self.assembler.feed(parsed, int(t * 1_000_000))
         except Exception:  # an assembler bug must not stop the exporter; count and go on
