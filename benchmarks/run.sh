@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The benchmarks, in one command: the test set-up (Python packages, Prometheus, the llama-server
+# build), Debian's mtail, then each benchmark in turn. Prints figures; nothing passes or fails on
+# time. Results and the machine they came from: benchmarks/BENCHMARKS.md.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/tests/setup/setup.sh"
+if ! command -v mtail >/dev/null; then
+  SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends mtail >&2
+fi
+cd "$ROOT"
+echo "== machine"; nproc; grep -m1 "model name" /proc/cpuinfo || true; .venv/bin/python --version; mtail --version 2>&1 | head -1
+echo "== throughput next to mtail (one million lines)"; .venv/bin/python benchmarks/throughput_vs_mtail.py "$@"
+echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throughput.py
+echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py

@@ -1,0 +1,146 @@
+"""Hot-path throughput next to mtail, on the same file in the same run.
+
+Builds a log of at least a million lines from recorded real llama-server -lv 4 logs (the
+requests of each recording appended again and again to one server process: timestamps and task
+ids shifted, so the assembler sees one long run), then reads it with Debian's mtail
+(`--one_shot`, benchmarks/llama_facts.mtail: the same per-line facts as our parser) and with the
+exporter's whole pipeline (parse, assemble every request, metrics). Prints lines per second,
+CPU seconds, peak memory and the ratio. Not a pass/fail test: absolute figures do not travel
+between machines, the ratio does.
+
+Usage: .venv/bin/python benchmarks/throughput_vs_mtail.py [--lines N] [--runs K]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+LOGS = HERE.parent / "tests" / "fixtures" / "logs"
+# recorded real -lv 4 logs with timestamps: two slots, LoRA and plain requests, cache misses,
+# restores and evictions
+SOURCES = ["lv4-np2-text.log", "lv4-np2-slow-machine.log", "lv4-np1-cache-thrashing.log"]
+_TS = re.compile(r"^(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) ")
+_TASK = re.compile(r"(\| task |id_task = |task id = )(\d+)")
+
+
+def _us(m: re.Match) -> int:
+    return int(m.group(1)) * 60_000_000 + int(m.group(2)) * 1_000_000 + int(m.group(3)) * 1_000 + int(m.group(4))
+
+
+def _stamp(us: int) -> str:
+    return f"{us // 60_000_000}.{us // 1_000_000 % 60:02d}.{us // 1000 % 1000:03d}.{us % 1000:03d} "
+
+
+def build_log(path: Path, min_lines: int) -> int:
+    """The first recording whole (start banner included), then the request part of each
+    recording in turn, shifted past the last timestamp and task id so far."""
+    recordings = []
+    for name in SOURCES:
+        lines = (LOGS / name).read_text().splitlines(keepends=True)
+        first = next(i for i, ln in enumerate(lines) if "conv_id=" in ln or "launch_slot_" in ln)
+        recordings.append((lines[:first], lines[first:]))
+    n = 0
+    t_end = task_end = 0
+    with open(path, "w") as out:
+        banner, _ = recordings[0]
+        out.writelines(banner)
+        n += len(banner)
+        k = 0
+        while n < min_lines:
+            _, body = recordings[k % len(recordings)]
+            k += 1
+            t_shift, task_shift = t_end + 1_000_000, task_end + 1
+            first_ts = next(_us(m) for ln in body if (m := _TS.match(ln)))
+            for ln in body:
+                m = _TS.match(ln)
+                if m:
+                    t = _us(m) - first_ts + t_shift
+                    t_end = max(t_end, t)
+                    ln = _stamp(t) + ln[m.end() :]
+                ln = _TASK.sub(lambda mt, d=task_shift: mt.group(1) + str(int(mt.group(2)) + d), ln)
+                out.write(ln)
+            task_end = max(task_end, *(int(x) + task_shift for ln in body for _, x in _TASK.findall(ln)), task_shift)
+            n += len(body)
+    return n
+
+
+def run(cmd: list[str]) -> tuple[float, float, int, str]:
+    """Wall seconds, CPU seconds and peak RSS (KiB) of this one child process, and its output."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own usage, not all children's
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {err.read()[-2000:]}")
+        out.seek(0)
+        return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, out.read()
+
+
+REPLAY = """
+import sys
+from prometheus_client import CollectorRegistry, generate_latest
+from llamacpp_exporter.pipeline import Pipeline
+pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
+process = pl.process_line
+with open(sys.argv[1], encoding="utf-8", errors="replace", newline="\\n") as fh:
+    for line in fh:
+        process(line.rstrip("\\r\\n"), 0.0)
+pl.flush()
+restarts = pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total")
+print(pl.records_out, int(restarts))
+"""
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    mtail = shutil.which("mtail")
+    if mtail is None:
+        print("mtail is missing: benchmarks/run.sh installs Debian's mtail", file=sys.stderr)
+        return 1
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "llama-server.log"
+        n = build_log(log, args.lines)
+        size = log.stat().st_size / 1e6
+        print(f"log: {n} lines, {size:.0f} MB, from {', '.join(SOURCES)}")
+        mtail_cmd = [mtail, "--one_shot", "--one_shot_format=prometheus", "--logtostderr"]
+        mtail_cmd += ["--progs", str(HERE / "llama_facts.mtail"), "--logs", str(log)]
+        ours_cmd = [sys.executable, "-c", REPLAY, str(log)]
+        rows: dict[str, list[tuple[float, float, int]]] = {"mtail": [], "exporter": []}
+        for _ in range(args.runs):  # alternating, so that a busy spell hits both
+            for name, cmd in (("mtail", mtail_cmd), ("exporter", ours_cmd)):
+                wall, cpu, rss, out = run(cmd)
+                rows[name].append((wall, cpu, rss))
+                if name == "exporter":
+                    records, restarts = map(int, out.split())
+        launched = sum(1 for line in open(log) if "processing task, is_child = 0" in line)
+        print(f"exporter: {records} request records of {launched} launched, {restarts} server restarts seen")
+        print(f"{'':10} {'lines/s (best, worst)':>26} {'CPU s (best)':>13} {'peak RSS':>10}")
+        best = {}
+        for name, r in rows.items():
+            walls = sorted(w for w, _, _ in r)
+            best[name] = n / walls[0]
+            print(
+                f"{name:10} {n / walls[0]:>12,.0f} {n / walls[-1]:>12,.0f} "
+                f"{min(c for _, c, _ in r):>13.2f} {max(m for _, _, m in r) / 1024:>8.0f} MB"
+            )
+        print(f"exporter / mtail: {best['exporter'] / best['mtail']:.2f}x (best runs; target 4x)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
