@@ -158,10 +158,10 @@ class Assembler:
             self._feed(p.ParsedLine(None, h.event), n)
 
     def _feed(self, line: p.ParsedLine, now_us: int) -> None:
-        ev = line.event
-        if self.clock.went_back(line.ts_us):
+        ev, ts, clock = line.event, line.ts_us, self.clock
+        if ts is not None and clock.last_ts is not None and clock.went_back(ts):
             self._new_epoch()
-        self.clock.advance(line.ts_us, now_us)
+        clock.advance(ts, now_us)
         mirror = self.cache.mirror
         if mirror.listing or mirror.saving:
             self.cache.before(ev)

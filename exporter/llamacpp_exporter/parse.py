@@ -340,6 +340,10 @@ _ROUTER = re.compile(r"^\[ *\d+\] ")
 _PREFIX = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
 # tag, function column (12 chars, right aligned) and, for slot lines, the ids
 _TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \| task (-?\d+) \| )?")
+# the usual whole line at once: timestamp, level (not D), tag, function, ids (the hot path)
+_TEXT_LINE = re.compile(
+    r"(\d+)\.(\d\d\.\d\d\d\.\d\d\d) [IWE] (slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \| task (-?\d+) \| )?"
+)
 
 _FLOAT = r"(-?\d+(?:\.\d+)?)"
 
@@ -568,24 +572,27 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
             if b:
                 return ParsedLine(ts_us, ServerBuild(int(b.group(1)), b.group(2)[:40]))
         return ParsedLine(ts_us, IGNORED)
-    tag = m.group(1)
-    msg = text[m.end() :]
+    tag, func, slot, task = m.groups()
+    return ParsedLine(ts_us, _tagged_event(tag, func, slot, task, text[m.end() :]))
+
+
+def _tagged_event(tag: str, func: str, slot: str | None, task: str | None, msg: str) -> Event:
     if tag == "slot":
-        if m.group(3) is None:
-            return ParsedLine(ts_us, UNRECOGNIZED)
-        return ParsedLine(ts_us, _slot_event(m.group(2), int(m.group(3)), int(m.group(4)), msg))
+        if slot is None or task is None:
+            return UNRECOGNIZED
+        return _slot_event(func, int(slot), int(task), msg)
     if tag == "srv ":
-        return ParsedLine(ts_us, _srv_event(m.group(2), msg))
+        return _srv_event(func, msg)
     if tag == "cmn ":
         if "verbosity = " in msg:
             v = _RE_VERBOSITY.search(msg)
             if v:
-                return ParsedLine(ts_us, Verbosity(int(v.group(1))))
+                return Verbosity(int(v.group(1)))
         elif "print_info: build " in msg:
             b = _RE_BUILD.search(msg)
             if b:
-                return ParsedLine(ts_us, ServerBuild(int(b.group(1)), b.group(2)[:40]))
-    return ParsedLine(ts_us, IGNORED)
+                return ServerBuild(int(b.group(1)), b.group(2)[:40])
+    return IGNORED
 
 
 _JSONL_LEVELS = {"info": "I", "warn": "W", "error": "E", "debug": "D", "cont": None, "none": None}
@@ -600,6 +607,12 @@ def parse_line(line: str) -> ParsedLine:
 
 
 def _parse_line(line: str) -> ParsedLine:
+    m = _TEXT_LINE.match(line)
+    if m is not None and line.isprintable() and "\ufffd" not in line:
+        # the usual text line, in one match: SS.mmm.uuu read as one number is microseconds
+        minutes, rest, tag, func, slot, task = m.groups()
+        at = int(minutes) * 60_000_000 + int(rest.replace(".", ""))
+        return ParsedLine(at, _tagged_event(tag, func, slot, task, line[m.end() :]))
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     if "\ufffd" in line or (not line.isprintable() and _CONTROL.search(line)):
