@@ -164,6 +164,12 @@ def test_recorded_logs_have_no_unrecognized_lines(log):
     assert not [r for r in results if isinstance(r.event, p.Unrecognized)]
 
 
+@pytest.mark.parametrize("log", sorted(str(f.relative_to(LOGS)) for f in LOGS.rglob("*.log")))
+def test_the_one_match_path_reads_every_recorded_line_as_the_general_path_does(log):
+    lines = (LOGS / log).read_text(errors="replace").splitlines()
+    assert [p._parse_line(line) for line in lines] == [p._parse_general(line) for line in lines]
+
+
 @pytest.mark.parametrize("log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log"])
 def test_every_request_of_a_recorded_log_launches_one_task(log):
     """One request task per response the client got (these workloads send n = 1)."""

@@ -613,6 +613,11 @@ def _parse_line(line: str) -> ParsedLine:
         minutes, rest, tag, func, slot, task = m.groups()
         at = int(minutes) * 60_000_000 + int(rest.replace(".", ""))
         return ParsedLine(at, _tagged_event(tag, func, slot, task, line[m.end() :]))
+    return _parse_general(line)
+
+
+def _parse_general(line: str) -> ParsedLine:
+    """Any line: colours, a router prefix, JSONL, no timestamp or no prefix, unreadable bytes."""
     if "\x1b" in line:
         line = _ANSI.sub("", line)
     if "\ufffd" in line or (not line.isprintable() and _CONTROL.search(line)):
