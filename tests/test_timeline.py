@@ -3,6 +3,9 @@ check it against the server's own timings in tests/test_assemble.py."""
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from llamacpp_exporter.timeline import MAX_PREFILL_HISTORY, PrefillTimeline, union_us
 
 
@@ -37,3 +40,34 @@ def test_history_is_bounded_and_union_counts_overlaps_once():
     assert len(t.slots[0]) == MAX_PREFILL_HISTORY
     assert union_us([(0, 10), (5, 15), (20, 30)]) == 25
     assert union_us([]) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["launched", "first_batch", "ended", "timed", "released"]), st.integers(0, 1)),
+        max_size=400,  # past MAX_PREFILL_HISTORY launches on a slot
+    ),
+    st.integers(0, 3000),
+)
+def test_settled_before_agrees_with_every_prefill_being_checked(ops, end):
+    """settled_before keeps only the prefills not yet exact; it must answer as a scan of all
+    of them would, whatever the order of events (and past the history cap)."""
+    t = PrefillTimeline()
+    task = 0
+    for i, (op, slot) in enumerate(ops):
+        at = i * 10
+        if op == "launched":
+            task += 1
+            t.launched(slot, task, at)
+        elif op == "first_batch":
+            t.first_batch(slot, task, at)
+        elif op == "ended":
+            t.ended(slot, at)
+        elif op == "timed":
+            t.timed(slot, task, at - 5, at)
+        else:
+            t.released(slot, task, at)
+        for s in range(2):
+            brute = all(p.exact or p.start >= end for sid, pf in t.slots.items() if sid != s for p in pf)
+            assert t.settled_before(s, end) == brute

@@ -25,6 +25,14 @@ class Prefill:
 class PrefillTimeline:
     def __init__(self) -> None:
         self.slots: dict[int, list[Prefill]] = {}
+        # per slot, its prefills not yet exact (usually none or the running one): what
+        # settled_before looks at, for every waiting record at every task event
+        self._inexact: dict[int, list[Prefill]] = {}
+
+    def _settle(self, slot: int, p: Prefill) -> None:
+        pending = self._inexact.get(slot)
+        if pending and any(q is p for q in pending):
+            pending[:] = [q for q in pending if q is not p]
 
     def _last(self, slot: int, task: int | None = None) -> Prefill | None:
         pf = self.slots.get(slot)
@@ -34,9 +42,11 @@ class PrefillTimeline:
 
     def launched(self, slot: int, task: int, at: int) -> None:
         pf = self.slots.setdefault(slot, [])
-        pf.append(Prefill(at, None, task))
+        new = Prefill(at, None, task)
+        pf.append(new)
+        self._inexact.setdefault(slot, []).append(new)
         if len(pf) > MAX_PREFILL_HISTORY:
-            del pf[0]
+            self._settle(slot, pf.pop(0))
 
     def first_batch(self, slot: int, task: int, at: int) -> None:
         """The prefill starts at its first batch (llama-server's t_start), not at the launch: a
@@ -53,6 +63,7 @@ class PrefillTimeline:
     def timed(self, slot: int, task: int, start: int, end: int) -> None:
         """The server's timings fix the last prefill of the slot."""
         if self.slots.get(slot):
+            self._settle(slot, self.slots[slot][-1])
             self.slots[slot][-1] = Prefill(start, end, task, True)
 
     def released(self, slot: int, task: int, at: int) -> bool:
@@ -62,6 +73,7 @@ class PrefillTimeline:
             return False
         if last.task == task:
             last.exact = True
+            self._settle(slot, last)
         if last.end is None:
             last.end = at
             return True
@@ -80,7 +92,7 @@ class PrefillTimeline:
     def settled_before(self, slot: int, end: int) -> bool:
         """Every other slot's prefill that began before `end` is exact: an overlap computed now
         will not change."""
-        return all(p.exact or p.start >= end for sid, pf in self.slots.items() if sid != slot for p in pf)
+        return all(p.start >= end for sid, pf in self._inexact.items() if sid != slot for p in pf)
 
 
 def union_us(spans: list[tuple[int, int]]) -> int:
