@@ -135,6 +135,29 @@ def poller_for(url: str, timeout: float = 0.3):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("poll_slots", [True, False])
+def test_a_requested_slots_poll_is_taken_once_and_the_poller_then_waits(poll_slots):
+    """Every task launch asks for a /slots poll. Once handled, the request is cleared, with
+    /slots polled or not (--no-llama.slots): a request left standing made the poller spin at
+    100% CPU."""
+    poller, _, _ = poller_for(f"http://127.0.0.1:{free_port()}")
+    poller.poll_slots = poll_slots
+    poller.interval = 3600  # only a request wakes it
+    stop = threading.Event()
+    t = threading.Thread(target=poller.run, args=(stop,))
+    t.start()
+    try:
+        for _ in range(3):
+            poller.request_slots_poll()
+            wait_for(lambda: not poller._wake.is_set(), "the slots-poll request handled")
+    finally:
+        stop.set()
+        poller.request_slots_poll()
+        t.join(10)
+    assert not t.is_alive()
+
+
+@pytest.mark.integration
 def test_poller_dead_server_sets_up_zero_and_counts_errors():
     poller, reg, got = poller_for(f"http://127.0.0.1:{free_port()}")
     poller.poll_all_once()

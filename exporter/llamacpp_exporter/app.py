@@ -183,7 +183,7 @@ class Exporter:
             settings_from(cfg),
             events_path=cfg.events.path,
             slots_polled=cfg.llama.poll_slots,
-            request_slots_poll=self._request_slots_poll,
+            request_slots_poll=self._request_slots_poll if cfg.llama.poll_slots else None,
             pseudonymize=Pseudonymizer(salt),
             costs=self.costs,
         )

@@ -382,9 +382,10 @@ class ServerPoller:
             woken = self._wake.wait(timeout=max(0.0, min(next_full - time.monotonic(), self.interval)))
             if stop.is_set():
                 break
-            if woken and self.poll_slots:
-                self._wake.clear()
-                self._poll_until_started(stop)
+            if woken:
+                self._wake.clear()  # always: a wake left set would spin this loop
+                if self.poll_slots:
+                    self._poll_until_started(stop)
 
     def _poll_until_started(self, stop: threading.Event) -> None:
         # A task's reused-token count is trustworthy once its prefill has begun; poll a few
