@@ -168,7 +168,7 @@ class Finisher:
                 ram_best_f_sim=d.ram_best_f_sim,
                 ram_restored=d.ram_restored,
                 restored_tokens=d.restored_tokens,
-                restored_entry_lora_config=entry_lora_config if d.entry_source is not None else None,
+                restored_entry_lora_config=entry_lora_config,
                 restore_result=restore_result,
                 lora_mismatch_reuse=mismatch,
                 lora_cache_cleared=d.lora_cache_cleared,
