@@ -52,6 +52,16 @@ def _fast_tests_stay_pure(request, monkeypatch):
     monkeypatch.setattr(socket.socket, "bind", refuse("use the network"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_outlives_the_session():
+    yield
+    from realserver import STARTED, terminate
+
+    for proc in STARTED:
+        if proc.poll() is None:
+            terminate(proc)
+
+
 @pytest.fixture
 def update_golden(request) -> bool:
     return request.config.getoption("--update-golden")

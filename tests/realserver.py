@@ -75,6 +75,11 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, what: str) ->
     raise RuntimeError(f"{what} did not become healthy in {timeout} s")
 
 
+# every process a test started: one that a failing test never stopped is stopped at the end of
+# the session (tests/conftest.py), never left running after the tests
+STARTED: list[subprocess.Popen] = []
+
+
 def terminate(proc: subprocess.Popen | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.terminate()
@@ -151,6 +156,7 @@ class LlamaServer:
         # otherwise the log the exporter follows is the server's console output, as under systemd
         out = open(self.workdir / "llama-server.console" if self.log_file else self.log_path, "ab")
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=out, stdin=subprocess.DEVNULL)
+        STARTED.append(self.proc)
         out.close()
         wait_healthy(self.proc, self.url + "/health", timeout, f"llama-server (log {self.log_path})")
         return self
@@ -205,6 +211,7 @@ class ExporterProcess:
             stderr=err,
             stdin=subprocess.DEVNULL,
         )
+        STARTED.append(self.proc)
         err.close()
         wait_healthy(self.proc, self.url + "/-/healthy", 20, f"exporter (stderr {self.stderr_path})")
         return self
