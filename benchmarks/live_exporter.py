@@ -4,7 +4,8 @@
   (median, p99), one line at a time;
 - scrape cost: /metrics response time once 64 slots, every histogram and the top-N
   conversations are populated (median, p99);
-- memory: the exporter's RSS after the whole log, and whether it grew after the warm-up.
+- memory: the exporter's RSS after the whole log (ten million lines by default), at each tenth
+  of it, and whether it grew after the warm-up.
 
 The log is built from recorded real logs (benchmarks/throughput_vs_mtail.py), its requests
 spread over 64 slots and over many conversations: copy k of a two-slot recording runs on slots
@@ -79,7 +80,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--lines", type=int, default=1_000_000)
+    ap.add_argument("--lines", type=int, default=10_000_000)
     ap.add_argument("--probes", type=int, default=200)
     args = ap.parse_args()
     state_line = next(
@@ -105,11 +106,14 @@ def main() -> int:
                 rss.append((done, rss_mib(exp.proc.pid)))
                 time.sleep(0.5)
             print(f"log: {n} lines over {SLOTS} slots, read in {time.monotonic() - t0:.1f} s by the live exporter")
-            warm = [r for done, r in rss if done >= n // 4]
+            warm = [r for done, r in rss if done >= n // 10]
             print(
-                f"memory: RSS {rss_mib(exp.proc.pid):.0f} MiB after the log; after the first quarter it went from "
+                f"memory: RSS {rss_mib(exp.proc.pid):.0f} MiB after the log; after the first tenth it went from "
                 f"{warm[0] if warm else float('nan'):.0f} to {max(warm) if warm else float('nan'):.0f} MiB"
             )
+            step = max(1, n // 10)
+            marks = [next((r for done, r in rss if done >= k * step), rss[-1][1]) for k in range(1, 11)] if rss else []
+            print("memory: RSS (MiB) at each tenth of the log: " + ", ".join(f"{r:.0f}" for r in marks))
             # scrape cost, everything populated
             times = []
             with httpx.Client() as c:

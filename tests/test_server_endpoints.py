@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -77,6 +78,7 @@ class FakeBehaviour:
     slots_body = b"[]"
     drip: set[str] = set()  # paths answered one byte at a time, drip_interval apart
     drip_interval = 0.2
+    hits: list[str] = []
 
 
 def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
@@ -84,6 +86,7 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
 
     class H(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
+            behaviour.hits.append(self.path)
             time.sleep(behaviour.delay)
             body = {
                 "/slots": behaviour.slots_body,
@@ -155,6 +158,54 @@ def test_a_requested_slots_poll_is_taken_once_and_the_poller_then_waits(poll_slo
         poller.request_slots_poll()
         t.join(10)
     assert not t.is_alive()
+
+
+@pytest.mark.integration
+def test_a_task_costs_one_slots_poll_unless_its_reused_tokens_must_come_from_slots():
+    """At -lv 4 the log gives the reused tokens: one /slots poll gives the task's LoRA (each
+    poll is also a task queued inside llama-server). Below -lv 4 the poller keeps asking until
+    the prefill has begun, when /slots's reused-token count can be trusted."""
+    slot = {"id": 0, "id_task": 7, "is_processing": True, "n_prompt_tokens_processed": 0, "n_decoded": 0}
+
+    class Starting(FakeBehaviour):
+        slots_body = json.dumps([slot]).encode()
+        hits: list[str] = []
+
+    srv, url = serve(Starting)
+    poller, _, _ = poller_for(url)
+    poller.interval = 3600  # only a request wakes it
+    poller._next_adapters = float("inf")
+
+    def run(requests: Callable[[], None]) -> int:
+        stop = threading.Event()
+        t = threading.Thread(target=poller.run, args=(stop,))
+        t.start()
+        try:
+            wait_for(lambda: "/slots" in Starting.hits, "the first full poll")
+            Starting.hits.clear()
+            requests()
+        finally:
+            stop.set()
+            poller.request_slots_poll()
+            t.join(10)
+        assert not t.is_alive()
+        return Starting.hits.count("/slots")
+
+    def three_lora_polls() -> None:
+        for _ in range(3):
+            poller.request_slots_poll(until_prefill_started=False)
+            wait_for(lambda: not poller._wake.is_set(), "the request handled")
+        wait_for(lambda: Starting.hits.count("/slots") >= 3, "three polls")
+
+    def one_reuse_poll() -> None:
+        poller.request_slots_poll(until_prefill_started=True)
+        wait_for(lambda: Starting.hits.count("/slots") >= 10, "polls until the prefill begins")
+
+    try:
+        assert run(three_lora_polls) == 3
+        assert run(one_reuse_poll) >= 10
+    finally:
+        srv.shutdown()
 
 
 @pytest.mark.integration

@@ -55,7 +55,7 @@ class Assembler:
         *,
         on_record: Callable[[RequestRecord], None],
         slots_polled: bool = False,
-        request_slots_poll: Callable[[], None] | None = None,
+        request_slots_poll: Callable[[bool], None] | None = None,
         pseudonymize: Callable[[str], str] | None = None,
     ) -> None:
         self.sink = sink
@@ -240,7 +240,8 @@ class Assembler:
         s.last_task = ev.task
         self.prefills.launched(ev.slot, ev.task, self.clock.now)
         if self.request_slots_poll is not None:
-            self.request_slots_poll()
+            # the LoRA always comes from /slots; the reused tokens only when the log lacks them
+            self.request_slots_poll(self.server.diagnostics is not True)
 
     def _draft(self, slot: int, task: int) -> TaskDraft | None:
         s = self._slots.get(slot)
@@ -318,7 +319,7 @@ class Assembler:
         if d.reuse_source != "log" and not d.cancelled and self.server.verbosity is None:
             self.server.set_diagnostics(False)  # a whole task without its TRACE lines: -lv 3
         if self.request_slots_poll is not None:
-            self.request_slots_poll()  # capture params.lora right after the task, if missed
+            self.request_slots_poll(False)  # capture params.lora right after the task, if missed
         self.finisher.add(d)
 
     def _release_running(self) -> None:

@@ -141,7 +141,7 @@ class Pipeline:
         *,
         events_path: str | None = None,
         slots_polled: bool = False,
-        request_slots_poll: Callable[[], None] | None = None,
+        request_slots_poll: Callable[[bool], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
         clock: Callable[[], float] = time.time,
         pseudonymize: Callable[[str], str] | None = None,

@@ -245,12 +245,17 @@ class ServerPoller:
         self.timeout = timeout
         self._next_adapters = 0.0
         self._wake = threading.Event()
+        self._until_prefill = False  # a woken poll should also wait for prefills to start
         self._lock = threading.Lock()
         self.server_families: list[Metric] = []
         self._logged_down: dict[str, str] = {}
         self._slots_disabled = False
 
-    def request_slots_poll(self) -> None:
+    def request_slots_poll(self, until_prefill_started: bool = False) -> None:
+        """Poll /slots now. One poll gives a task's LoRA; only where the log lacks the reused
+        tokens (below -lv 4) is it worth polling again until the task's prefill has begun."""
+        if until_prefill_started:
+            self._until_prefill = True
         self._wake.set()
 
     def _get(self, endpoint: str, path: str) -> _Answer | None:
@@ -384,8 +389,13 @@ class ServerPoller:
                 break
             if woken:
                 self._wake.clear()  # always: a wake left set would spin this loop
-                if self.poll_slots:
+                until_prefill, self._until_prefill = self._until_prefill, False
+                if not self.poll_slots:
+                    continue
+                if until_prefill:
                     self._poll_until_started(stop)
+                else:
+                    self.poll_slots_once()
 
     def _poll_until_started(self, stop: threading.Event) -> None:
         # A task's reused-token count is trustworthy once its prefill has begun; poll a few
