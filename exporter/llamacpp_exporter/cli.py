@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         from .top import main as top_main  # noqa: PLC0415
 
         return top_main(argv[1:])
+    if argv[:1] == ["analyze"]:
+        from .analyze import main as analyze_main  # noqa: PLC0415
+
+        return analyze_main(argv[1:])
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level or "info", args.log_format or "logfmt")
     try:

@@ -1,0 +1,266 @@
+"""`llamacpp-exporter analyze`: the prompt-cache investigation from logs already on disk.
+
+Reads llama-server logs (text or JSONL, several files, rotated and .gz ones, several server
+runs) through the same pipeline the live exporter uses, and/or the exporter's own events file
+(which carries the LoRA state a bare log lacks), and prints the report (report.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from prometheus_client import CollectorRegistry
+
+from . import report
+from .config import ConversationsConfig, read_salt
+from .conversations import ConversationCosts, Pseudonymizer
+from .finish import AssemblySettings
+from .pipeline import Pipeline
+from .records import RequestRecord
+
+log = logging.getLogger("llamacpp_exporter.analyze")
+_ROTATED = re.compile(r"^(?P<base>.*?)(?:[.-](?P<n>\d+))?(?:\.gz)?$")
+PROGRESS_BYTES = 64 << 20  # show progress on inputs larger than this
+
+
+def rotation_order(paths: list[str]) -> list[str]:
+    """Rotated files oldest first: for each base name in the order first given, x.log.3.gz,
+    x.log.2, x.log.1, then x.log (logrotate numbers the oldest highest)."""
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for p in paths:
+        m = _ROTATED.match(p)
+        assert m is not None  # the pattern matches every string
+        n = int(m.group("n")) if m.group("n") else 0
+        groups.setdefault(m.group("base"), []).append((n, p))
+    return [p for g in groups.values() for _, p in sorted(g, key=lambda x: -x[0])]
+
+
+def _open(path: str) -> TextIO:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
+    return open(path, encoding="utf-8", errors="replace", newline="\n")
+
+
+@dataclass
+class Inputs:
+    logs: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Analysis:
+    records: list[dict[str, Any]]
+    conversations: list[dict[str, Any]] | None  # the pipeline's costs, when a log was read
+    sources: dict[str, Any]
+
+
+class _Progress:
+    """A progress line on standard error for large inputs, at most twice a second."""
+
+    def __init__(self, total_bytes: int, enabled: bool) -> None:
+        self.total = total_bytes
+        self.enabled = enabled and total_bytes > PROGRESS_BYTES
+        self.base = 0  # bytes of the files already read
+        self._last = 0.0
+
+    def show(self, position: int) -> None:
+        if self.enabled and (now := time.monotonic()) - self._last > 0.5:
+            self._last = now
+            sys.stderr.write(
+                f"\ranalyze: {100 * (self.base + position) / self.total:5.1f}% of {self.total >> 20} MiB read"
+            )
+            sys.stderr.flush()
+
+    def file_done(self, size: int) -> None:
+        self.base += size
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\r" + " " * 60 + "\r")
+
+
+def read_logs(
+    paths: list[str], settings: AssemblySettings, pseudonymize: Pseudonymizer, progress: bool = False
+) -> tuple[list[RequestRecord], Pipeline, int]:
+    """Every file in turn through one pipeline (a rotated set is one stream; a server start
+    inside it is a new run). Returns the records, the pipeline (its counters), the lines read."""
+    records: list[RequestRecord] = []
+    # log time only: a replay must not expire conversation costs by the wall clock
+    pl = Pipeline(
+        CollectorRegistry(),
+        settings,
+        on_record=records.append,
+        clock=lambda: 0.0,
+        pseudonymize=pseudonymize,
+        # the whole log is one window: the clock stands still at 0 while it is read
+        costs=ConversationCosts(window_seconds=3600.0, top_n=10, max_conversations=100_000, clock=lambda: 0.0),
+    )
+    sizes = {p: os.path.getsize(p) for p in paths}
+    bar = _Progress(sum(sizes.values()), progress)
+    n = 0
+    process = pl.process_line
+    for path in paths:
+        with _open(path) as fh:
+            raw = getattr(fh.buffer, "fileobj", None) or fh.buffer  # a .gz file: its compressed bytes
+            for line in fh:
+                process(line.rstrip("\r\n"), 0.0)
+                n += 1
+                if n & 0xFFFF == 0:
+                    bar.show(raw.tell())
+        bar.file_done(sizes[path])
+    pl.flush()
+    bar.close()
+    return records, pl, n
+
+
+def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
+    """The exporter's events files: one record per line. Lines that are not records are
+    counted, never fatal."""
+    names = set(RequestRecord.__dataclass_fields__)
+    out: list[dict[str, Any]] = []
+    bad = 0
+    for path in paths:
+        with _open(path) as fh:
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    bad += 1
+                    continue
+                if not isinstance(rec, dict) or not {"epoch", "slot", "task"} <= rec.keys():
+                    bad += 1
+                    continue
+                out.append({k: v for k, v in rec.items() if k in names})
+    return out, bad
+
+
+def _key(r: dict[str, Any]) -> tuple[Any, ...]:
+    # the same task of the same server run: slot, task id and its start in server log time
+    return (r.get("slot"), r.get("task"), r.get("start_us"))
+
+
+def analyze(
+    inputs: Inputs,
+    settings: AssemblySettings | None = None,
+    pseudonymize: Pseudonymizer | None = None,
+    progress: bool = False,
+) -> Analysis:
+    settings = settings or AssemblySettings()
+    pseudonymize = pseudonymize or Pseudonymizer()
+    sources: dict[str, Any] = {"logs": len(inputs.logs), "events_files": len(inputs.events)}
+    events, bad = read_events(inputs.events) if inputs.events else ([], 0)
+    if inputs.events:
+        sources["events_records"] = len(events)
+        sources["events_lines_not_records"] = bad
+    if not inputs.logs:
+        return Analysis(events, None, sources)
+    recs, pl, lines = read_logs(rotation_order(inputs.logs), settings, pseudonymize, progress)
+    g = pl.registry.get_sample_value
+    sources["log_lines"] = lines
+    sources["log_lines_unrecognized"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unrecognized"}) or 0)
+    sources["log_lines_unreadable"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unreadable"}) or 0)
+    sources["server_restarts_seen"] = int(g("llamacpp_exporter_server_restarts_total") or 0)
+    records = [r.to_event() for r in recs]
+    if events:
+        # an events record was written by an exporter that polled /slots: it knows the LoRA
+        # a bare log lacks, so it stands for its task; the log adds the tasks it missed
+        by_key = {_key(e): e for e in events}
+        matched = 0
+        for i, r in enumerate(records):
+            e = by_key.get(_key(r))
+            if e is not None:
+                records[i] = e
+                matched += 1
+        sources["events_matched_to_log"] = matched
+    return Analysis(records, pl.costs.snapshot(), sources)
+
+
+# ------------------------------------------------------------------ command line
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="llamacpp-exporter analyze",
+        description="The prompt-cache investigation from llama-server logs already on disk: miss rates by "
+        "LoRA state and selection path (with counts), miss causes, RAM-cache restores, the rates of the "
+        "requests that could have hit, prefill and decode figures, and who slowed everyone down.",
+    )
+    ap.add_argument(
+        "logs", nargs="*", metavar="LOG", help="llama-server logs (text or JSONL, .gz too; rotated sets in any order)"
+    )
+    ap.add_argument(
+        "--events",
+        action="append",
+        default=[],
+        metavar="EVENTS.jsonl",
+        help="the exporter's events file (its records carry the LoRA state a bare log lacks); repeatable",
+    )
+    ap.add_argument("--format", choices=("text", "markdown", "json", "csv"), default="text")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="a request after a pause in its conversation longer than this could not have hit (default 1800)",
+    )
+    ap.add_argument("--top", type=int, default=10, help="conversations in the top table (default 10)")
+    ap.add_argument(
+        "--min-prompt-tokens",
+        type=int,
+        default=AssemblySettings().min_prompt_tokens,
+        help="requests with fewer prompt tokens get no cache outcome (as the exporter's cache.min_prompt_tokens)",
+    )
+    ap.add_argument("--no-progress", action="store_true", help="no progress line on large inputs")
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.logs and not args.events:
+        print("llamacpp-exporter analyze: give at least one log file or --events file", file=sys.stderr)
+        return 2
+    if not (args.gap > 0 and args.gap != float("inf")) or not (1 <= args.top <= 1000) or args.min_prompt_tokens < 1:
+        print(
+            "llamacpp-exporter analyze: --gap must be a positive number of seconds, --top 1..1000, "
+            "--min-prompt-tokens at least 1",
+            file=sys.stderr,
+        )
+        return 2
+    missing = [p for p in [*args.logs, *args.events] if not Path(p).is_file()]
+    if missing:
+        print(f"llamacpp-exporter analyze: no such file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="llamacpp-exporter analyze: %(message)s")
+    logging.getLogger("llamacpp_exporter").setLevel(logging.WARNING)
+    salt = read_salt(ConversationsConfig())
+    settings = AssemblySettings(min_prompt_tokens=args.min_prompt_tokens)
+    result = analyze(
+        Inputs(args.logs, args.events),
+        settings,
+        Pseudonymizer(salt),
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    rep = report.build(
+        result.records,
+        gap_seconds=args.gap,
+        large_prefill_tokens=settings.big_conversation_tokens,
+        conversations=result.conversations,
+        top=args.top,
+        sources=result.sources,
+    )
+    out = {
+        "json": lambda: json.dumps(rep, indent=2) + "\n",
+        "text": lambda: report.to_text(rep),
+        "markdown": lambda: report.to_markdown(rep),
+        "csv": lambda: report.to_csv(rep),
+    }[args.format]()
+    sys.stdout.write(out)
+    return 0

@@ -1,0 +1,435 @@
+"""The investigation report of `analyze`: pure functions from request records (the events-file
+form, one dict per request) to a report (a dict: the JSON output), and its text, Markdown and
+CSV renderings.
+
+Every rate carries its numerator and denominator. Where the records cannot tell (LoRA state
+without /slots or an events file, cache diagnostics below -lv 4), the report counts the requests
+as unknown and says why; it never guesses. Small samples are flagged.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from .records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
+
+SMALL_SAMPLE = 30  # a rate over fewer requests than this is flagged
+RATE_PATHS = ("ram", "slot", "pinned", "unknown", "all")
+RATE_LORA = (*LORA_STATES, "all")
+EXCLUSIONS = (
+    "conversation_unknown",  # no conversation id and no cache lineage: its history is unknown
+    "first_of_conversation",
+    "after_server_restart",  # the server's caches were empty
+    "history_shrank",  # shorter than the conversation's previous prompt: summarised or rewritten
+    "after_long_gap",
+)
+EXCLUSION_TEXT = {
+    "conversation_unknown": "conversation unknown (no id, no cache lineage)",
+    "first_of_conversation": "first request of its conversation",
+    "after_server_restart": "first of its conversation after a server restart",
+    "history_shrank": "prompt shorter than the conversation's previous one (history summarised or rewritten)",
+    "after_long_gap": "after a pause longer than the gap",
+}
+
+
+def rate(num: int, den: int) -> dict[str, Any]:
+    return {
+        "numerator": num,
+        "denominator": den,
+        "ratio": (num / den) if den else None,
+        "small_sample": den < SMALL_SAMPLE,
+    }
+
+
+def percentiles(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None, "small_sample": True}
+    vs = sorted(values)
+
+    def q(p: float) -> float:
+        return vs[min(len(vs) - 1, int(p * len(vs)))]
+
+    return {
+        "count": len(vs),
+        "p50": q(0.5),
+        "p90": q(0.9),
+        "p99": q(0.99),
+        "max": vs[-1],
+        "small_sample": len(vs) < SMALL_SAMPLE,
+    }
+
+
+def _miss_table(records: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Miss rate by selection path and LoRA state over the records with a cache outcome."""
+    num: Counter = Counter()
+    den: Counter = Counter()
+    for r in records:
+        if r.get("outcome") is None:
+            continue
+        for path in (r.get("path", "unknown"), "all"):
+            for lora in (r.get("lora", "unknown"), "all"):
+                den[path, lora] += 1
+                num[path, lora] += r["outcome"] == "miss"
+    return {p: {lo: rate(num[p, lo], den[p, lo]) for lo in RATE_LORA} for p in RATE_PATHS}
+
+
+def could_have_hit(records: list[dict], gap_seconds: float) -> tuple[list[dict], dict[str, int]]:
+    """The records that could have hit the cache, and how many each exclusion removed (each
+    request counted under its first exclusion, in the order of EXCLUSIONS)."""
+    excluded: Counter = Counter()
+    kept = []
+    previous: dict[str, dict] = {}  # conversation -> its previous request
+    for r in sorted(records, key=lambda r: (r.get("epoch", 0), r.get("start_us") or 0)):
+        conv = r.get("conversation")
+        prev = previous.get(conv) if conv is not None else None
+        if conv is not None:
+            previous[conv] = r
+        if r.get("outcome") is None:
+            continue
+        if conv is None:
+            reason = "conversation_unknown"
+        elif prev is None:
+            reason = "first_of_conversation"
+        elif prev.get("epoch") != r.get("epoch"):
+            reason = "after_server_restart"
+        elif (r.get("prompt_tokens") or 0) < (prev.get("prompt_tokens") or 0):
+            reason = "history_shrank"
+        elif (
+            prev.get("end_us") is not None
+            and r.get("start_us") is not None
+            and r["start_us"] - prev["end_us"] > gap_seconds * 1_000_000
+        ):
+            reason = "after_long_gap"
+        else:
+            kept.append(r)
+            continue
+        excluded[reason] += 1
+    return kept, {k: excluded[k] for k in EXCLUSIONS}
+
+
+def build(
+    records: list[dict],
+    *,
+    gap_seconds: float = 1800.0,
+    large_prefill_tokens: int = 1024,
+    conversations: list[dict] | None = None,
+    top: int = 10,
+    sources: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The whole report from the records (and, when the log was read, the pipeline's
+    conversation costs)."""
+    finished = [r for r in records if not r.get("cancelled") and not r.get("failed")]
+    known_prompt = [r for r in finished if r.get("prompt_tokens") is not None]
+    known_reuse = [r for r in finished if r.get("reused_tokens") is not None]
+    lora_known = sum(1 for r in records if r.get("lora") in ("none", "active"))
+    diag = sum(1 for r in finished if r.get("reuse_source") == "log")
+    unknowns = []
+    if records and lora_known == 0:
+        unknowns.append(
+            {
+                "what": "LoRA state",
+                "requests": len(records),
+                "why": "a log alone does not say which LoRA adapters a request used: pass the exporter's "
+                "events file (--events), recorded while it polled /slots",
+            }
+        )
+    elif lora_known < len(records):
+        unknowns.append(
+            {
+                "what": "LoRA state",
+                "requests": len(records) - lora_known,
+                "why": "/slots did not show these tasks while they ran (no events record, or a poll missed them)",
+            }
+        )
+    if finished and diag < len(finished):
+        unknowns.append(
+            {
+                "what": "RAM-cache diagnostics (restores, discards, miss causes, reused tokens from the log)",
+                "requests": len(finished) - diag,
+                "why": "llama-server logged these requests below -lv 4; start it with -lv 4",
+            }
+        )
+    no_outcome = sum(1 for r in finished if r.get("outcome") is None and r.get("reused_tokens") is None)
+    if no_outcome:
+        unknowns.append(
+            {
+                "what": "cache outcome",
+                "requests": no_outcome,
+                "why": "reused tokens unknown (below -lv 4 they come only from /slots while the task runs)",
+            }
+        )
+
+    misses = [r for r in finished if r.get("outcome") == "miss"]
+    causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
+    for r in misses:
+        c = r.get("miss_cause") or "unknown"
+        for lo in (r.get("lora", "unknown"), "all"):
+            causes[lo][c] = causes[lo].get(c, 0) + 1
+    restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
+    for r in finished:
+        res = r.get("restore_result")
+        if res:
+            for lo in (r.get("lora", "unknown"), "all"):
+                restores[lo][res] = restores[lo].get(res, 0) + 1
+
+    chh, excluded = could_have_hit(finished, gap_seconds)
+    prefill = defaultdict(list)
+    for r in finished:
+        if r.get("prefill_seconds") is not None:
+            prefill[r.get("path", "unknown")].append(r["prefill_seconds"])
+            prefill["all"].append(r["prefill_seconds"])
+    tpot: dict[str, list[float]] = {"prefill": [], "none": []}
+    for r in finished:
+        if r.get("time_per_output_token_seconds") is not None and r.get("contention") in tpot:
+            tpot[r["contention"]].append(r["time_per_output_token_seconds"])
+    large = [r for r in finished if (r.get("prefill_tokens") or 0) >= large_prefill_tokens]
+
+    report: dict[str, Any] = {
+        "sources": sources or {},
+        "requests": {
+            "total": len(records),
+            "finished": len(finished),
+            "cancelled_or_failed": len(records) - len(finished),
+            "server_runs": len({r.get("epoch") for r in records}),
+            "prompt_tokens": sum(r["prompt_tokens"] for r in known_prompt),
+            "prompt_tokens_known_for": len(known_prompt),
+            "reused_tokens": sum(r["reused_tokens"] for r in known_reuse),
+            "reused_tokens_known_for": len(known_reuse),
+            "reuse": rate(
+                sum(r["reused_tokens"] for r in known_reuse if r.get("prompt_tokens") is not None),
+                sum(r["prompt_tokens"] for r in known_reuse if r.get("prompt_tokens") is not None),
+            ),
+            "by_lora": {lo: sum(1 for r in records if r.get("lora") == lo) for lo in LORA_STATES},
+            "by_path": {p: sum(1 for r in records if r.get("path") == p) for p in PATHS},
+        },
+        "unknown": unknowns,
+        "miss_rate": _miss_table(finished),
+        "could_have_hit": {
+            "gap_seconds": gap_seconds,
+            "excluded": excluded,
+            "considered": len(chh),
+            "miss_rate": _miss_table(chh),
+        },
+        "miss_causes": causes,
+        "restores": restores,
+        "prefill_seconds": {p: percentiles(prefill[p]) for p in RATE_PATHS},
+        "large_prefills": {"min_tokens": large_prefill_tokens, "count": len(large)},
+        "time_per_output_token_seconds": {
+            "while_another_slot_prefilled": percentiles(tpot["prefill"]),
+            "no_concurrent_prefill": percentiles(tpot["none"]),
+        },
+        "small_task_takeovers": sum(1 for r in finished if r.get("small_task_takeover")),
+        "top_conversations": _top(records, conversations, top),
+    }
+    return report
+
+
+def _top(records: list[dict], conversations: list[dict] | None, top: int) -> dict[str, Any]:
+    if conversations is not None:  # the pipeline's own costs: read from the log
+        return {"by": "cost_to_others_seconds", "rows": conversations[:top]}
+    rows: dict[str, dict[str, Any]] = {}
+    for r in records:  # an events file alone: what each conversation computed, no cost
+        conv = r.get("conversation")
+        if conv is None:
+            continue
+        row = rows.setdefault(conv, {"conversation": conv, "requests": 0, "prompt_tokens": 0, "prefill_seconds": 0.0})
+        row["requests"] += 1
+        row["prompt_tokens"] += r.get("prompt_tokens") or 0
+        row["prefill_seconds"] += r.get("prefill_seconds") or 0.0
+    ranked = sorted(rows.values(), key=lambda x: (-x["prefill_seconds"], x["conversation"]))
+    return {
+        "by": "prefill_seconds",
+        "note": "cost to other slots needs the log (the events file does not carry it)",
+        "rows": ranked[:top],
+    }
+
+
+# ------------------------------------------------------------------ renderings
+def fmt_rate(r: dict[str, Any]) -> str:
+    if not r["denominator"]:
+        return "-"
+    s = f"{100 * r['ratio']:.0f}% ({r['numerator']}/{r['denominator']})"
+    return s + " *" if r["small_sample"] else s
+
+
+def _secs(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], str]]:
+    """(title, header, rows, note) for every section: the text and Markdown forms share them."""
+    rq = rep["requests"]
+    out = []
+    out.append(
+        (
+            "Requests",
+            ["", "value"],
+            [
+                [
+                    "requests (finished + cancelled/failed)",
+                    f"{rq['total']} ({rq['finished']} + {rq['cancelled_or_failed']})",
+                ],
+                ["server runs in the log", str(rq["server_runs"])],
+                ["prompt tokens", f"{rq['prompt_tokens']} (known for {rq['prompt_tokens_known_for']})"],
+                ["reused tokens", f"{rq['reused_tokens']} (known for {rq['reused_tokens_known_for']})"],
+                ["reused share of prompt tokens", fmt_rate(rq["reuse"])],
+                ["by LoRA state", ", ".join(f"{k} {v}" for k, v in rq["by_lora"].items())],
+                ["by selection path", ", ".join(f"{k} {v}" for k, v in rq["by_path"].items())],
+            ],
+            "",
+        )
+    )
+
+    def miss_rows(table: dict[str, Any]) -> list[list[str]]:
+        return [[p, *(fmt_rate(table[p][lo]) for lo in RATE_LORA)] for p in RATE_PATHS]
+
+    note = "miss: reused < the miss ratio of the prompt, over requests with a cache outcome; * small sample"
+    out.append(
+        ("Prompt-cache miss rate by path and LoRA state", ["path", *RATE_LORA], miss_rows(rep["miss_rate"]), note)
+    )
+    ch = rep["could_have_hit"]
+    ex = ", ".join(f"{EXCLUSION_TEXT[k]}: {v}" for k, v in ch["excluded"].items())
+    out.append(
+        (
+            "Miss rate of the requests that could have hit",
+            ["path", *RATE_LORA],
+            miss_rows(ch["miss_rate"]),
+            f"{ch['considered']} considered; excluded: {ex} (gap {ch['gap_seconds']:g} s)",
+        )
+    )
+    out.append(
+        (
+            "Miss causes",
+            ["cause", *RATE_LORA],
+            [[c, *(str(rep["miss_causes"][lo].get(c, 0)) for lo in RATE_LORA)] for c in MISS_CAUSES],
+            "",
+        )
+    )
+    out.append(
+        (
+            "RAM-cache restores",
+            ["result", *RATE_LORA],
+            [[res, *(str(rep["restores"][lo].get(res, 0)) for lo in RATE_LORA)] for res in RESTORE_RESULTS],
+            "discarded_lora_wrongful: a restored entry discarded although it was computed under the request's LoRA",
+        )
+    )
+
+    def pct_row(name: str, p: dict[str, Any]) -> list[str]:
+        return [name, str(p["count"]), *(_secs(p[k]) for k in ("p50", "p90", "p99", "max"))]
+
+    out.append(
+        (
+            "Prefill duration (s)",
+            ["path", "count", "p50", "p90", "p99", "max"],
+            [pct_row(p, rep["prefill_seconds"][p]) for p in RATE_PATHS],
+            f"large prefills (>= {rep['large_prefills']['min_tokens']} tokens computed): {rep['large_prefills']['count']}",
+        )
+    )
+    tp = rep["time_per_output_token_seconds"]
+    out.append(
+        (
+            "Time per output token (s)",
+            ["decoding", "count", "p50", "p90", "p99", "max"],
+            [
+                pct_row("while another slot prefilled", tp["while_another_slot_prefilled"]),
+                pct_row("no concurrent prefill", tp["no_concurrent_prefill"]),
+            ],
+            f"small-task takeovers of a big conversation's slot: {rep['small_task_takeovers']}",
+        )
+    )
+    top = rep["top_conversations"]
+    cols = ["conversation", "requests", "prompt_tokens", "prefill_seconds"]
+    if top["by"] == "cost_to_others_seconds":
+        cols += ["cost_to_others_seconds", "wasted_prompt_tokens", "last_miss_cause"]
+    out.append(
+        (
+            f"Top conversations by {top['by'].replace('_', ' ')}",
+            cols,
+            [[_cell(row.get(c)) for c in cols] for row in top["rows"]],
+            top.get("note", "pseudonyms, never the ids clients sent"),
+        )
+    )
+    return out
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+def _unknown_lines(rep: dict[str, Any]) -> list[str]:
+    return [f"unknown: {u['what']} for {u['requests']} requests: {u['why']}" for u in rep["unknown"]]
+
+
+def to_text(rep: dict[str, Any]) -> str:
+    lines = []
+    for title, header, rows, note in _tables(rep):
+        lines.append(title)
+        lines.append("=" * len(title))
+        widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+        for row in [header, *rows]:
+            lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        if note:
+            lines.append(note)
+        lines.append("")
+    lines.extend(_unknown_lines(rep))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def to_markdown(rep: dict[str, Any]) -> str:
+    lines = []
+    for title, header, rows, note in _tables(rep):
+        lines.append(f"### {title}\n")
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join("---" for _ in header) + "|")
+        for row in rows:
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+        if note:
+            lines.append(f"\n{note}")
+        lines.append("")
+    lines.extend(f"- {u}" for u in _unknown_lines(rep))
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
+    """section, path, lora, name, numerator, denominator, value: one row per figure."""
+    yield ["section", "path", "lora", "name", "numerator", "denominator", "value"]
+    rq = rep["requests"]
+    for k in ("total", "finished", "cancelled_or_failed", "server_runs", "prompt_tokens", "reused_tokens"):
+        yield ["requests", "", "", k, "", "", rq[k]]
+    for section, table in (("miss_rate", rep["miss_rate"]), ("could_have_hit", rep["could_have_hit"]["miss_rate"])):
+        for p in RATE_PATHS:
+            for lo in RATE_LORA:
+                r = table[p][lo]
+                yield [section, p, lo, "miss", r["numerator"], r["denominator"], r["ratio"]]
+    for k, v in rep["could_have_hit"]["excluded"].items():
+        yield ["could_have_hit", "", "", f"excluded_{k}", "", "", v]
+    for lo in RATE_LORA:
+        for c, v in rep["miss_causes"][lo].items():
+            yield ["miss_causes", "", lo, c, "", "", v]
+        for res, v in rep["restores"][lo].items():
+            yield ["restores", "", lo, res, "", "", v]
+    for p in RATE_PATHS:
+        for k in ("count", "p50", "p90", "p99", "max"):
+            yield ["prefill_seconds", p, "", k, "", "", rep["prefill_seconds"][p][k]]
+    for name, pc in rep["time_per_output_token_seconds"].items():
+        for k in ("count", "p50", "p90", "p99", "max"):
+            yield ["time_per_output_token_seconds", "", "", f"{name}_{k}", "", "", pc[k]]
+    yield ["small_task_takeovers", "", "", "count", "", "", rep["small_task_takeovers"]]
+    for u in rep["unknown"]:
+        yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
+
+
+def to_csv(rep: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    for row in csv_rows(rep):
+        w.writerow(["" if v is None else v for v in row])
+    return buf.getvalue()
