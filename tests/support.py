@@ -13,7 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from realserver import ExporterProcess, LlamaServer
 from workload import Truth
 
+from llamacpp_exporter.classify import outcome
 from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.finish import AssemblySettings
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord
 
@@ -154,3 +156,38 @@ def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
                 return recs
         time.sleep(0.2)
     raise AssertionError(f"only {len(recs)} of {n} records arrived in {timeout}s")
+
+
+def expected_from_truth(rows: list[dict], settings: AssemblySettings) -> dict:
+    """The report's figures computed from the responses alone, independently of the exporter."""
+    out: dict = {"total": len(rows), "prompt": 0, "reused": 0, "with_outcome": 0, "misses": 0}
+    out.update({"chh_considered": 0, "chh_misses": 0, "first_of_conversation": 0, "history_shrank": 0})
+    out["conversation_unknown"] = 0  # rows whose conv is None: the log could not prove it
+    by_lora: dict[str, list[int]] = {}
+    previous: dict[str, dict] = {}
+    for t in sorted(rows, key=lambda t: t["t_start"]):
+        prompt = t["cache_n"] + t["prompt_n"]
+        out["prompt"] += prompt
+        out["reused"] += t["cache_n"]
+        o = outcome(prompt, t["cache_n"], settings.min_prompt_tokens, settings.hit_ratio, settings.miss_ratio)
+        prev = previous.get(t["conv"])
+        if t["conv"] is not None:
+            previous[t["conv"]] = t
+        if o is None:
+            continue
+        out["with_outcome"] += 1
+        out["misses"] += o == "miss"
+        counts = by_lora.setdefault(t.get("lora", "unknown"), [0, 0])
+        counts[0] += o == "miss"
+        counts[1] += 1
+        if t["conv"] is None:
+            out["conversation_unknown"] += 1
+        elif prev is None:
+            out["first_of_conversation"] += 1
+        elif prompt < prev["cache_n"] + prev["prompt_n"]:
+            out["history_shrank"] += 1
+        else:
+            out["chh_considered"] += 1
+            out["chh_misses"] += o == "miss"
+    out["by_lora"] = by_lora
+    return out

@@ -5,6 +5,8 @@ reference: DEBUG request content, chat-parser warnings, error bodies, conv_id)."
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,7 +46,27 @@ def test_no_text_leaves_the_exporter(tmp_path):
         exp.stop()
     assert events.read_text().count("\n") == 1
     stderr = exp.stderr_path.read_text()
-    for out in (text, om, events.read_text(), stderr):
+    analyzed = [
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "llamacpp_exporter",
+                "analyze",
+                str(FIXTURE),
+                "--events",
+                str(events),
+                "--format",
+                fmt,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        for fmt in ("text", "markdown", "json", "csv")
+    ]
+    assert all(a.returncode == 0 for a in analyzed)
+    for out in (text, om, events.read_text(), stderr, *(a.stdout + a.stderr for a in analyzed)):
         assert CANARY not in out
     assert "llamacpp_exporter_server_debug_logging 1.0" in text
     assert "logs DEBUG lines" in stderr  # the operator is told, without the text

@@ -65,6 +65,16 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
         server.stop()
     outputs["events"] = events.read_text()
     outputs["exporter log"] = exp.stderr_path.read_text()
+    for fmt in ("text", "markdown", "json", "csv"):
+        done = subprocess.run(
+            [sys.executable, "-m", "llamacpp_exporter", "analyze", str(server.log_path), "--events", str(events)]
+            + ["--format", fmt, "--min-prompt-tokens", "1"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        outputs[f"analyze {fmt}"] = done.stdout + done.stderr
     assert outputs["events"].count("\n") == 2
     for name, out in outputs.items():
         assert CANARY not in out, name

@@ -5,13 +5,16 @@ response (`timings.cache_n`, `prompt_n`, `prompt_ms`, `predicted_n`, `predicted_
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
 from realserver import ExporterProcess, LlamaServer
-from support import match, samples, start_exporter, wait_records
+from support import expected_from_truth, match, samples, start_exporter, wait_records
 from workload import CANARY, Truth, chat_workload, seed_scenario
+
+from llamacpp_exporter import analyze, report
+from llamacpp_exporter.finish import AssemblySettings
 
 pytestmark = pytest.mark.real_server
 
@@ -133,6 +136,28 @@ def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path):
     assert server_cached, "llama-server's own /metrics is re-exported"
     assert samples(text, "llamacpp_up")[(("endpoint", "slots"),)] == 1
     assert_no_text(tmp_path, text)
+    # analyze, afterwards, over the server's log and the exporter's events file: the miss rate
+    # by LoRA state and its denominators equal what the responses give
+    settings = AssemblySettings(min_prompt_tokens=1)
+    log = tmp_path / "server-log-copy.log"
+    log.write_text(run.server_log)
+    result = analyze.analyze(analyze.Inputs([str(log)], [str(tmp_path / "events.jsonl")]), settings)
+    rep = report.build(result.records, conversations=result.conversations)
+    # a request whose conversation the log cannot prove counts as "conversation unknown"
+    unproven = {id(t) for t, r in pairs if r["conversation"] is None}
+    want = expected_from_truth([dict(asdict(t), conv=None if id(t) in unproven else t.conv) for t in truths], settings)
+    assert set(want["by_lora"]) == {"active", "none"}
+    for lora, (misses, total) in want["by_lora"].items():
+        got = rep["miss_rate"]["all"][lora]
+        assert (got["numerator"], got["denominator"]) == (misses, total), lora
+    chh = rep["could_have_hit"]
+    assert chh["excluded"]["first_of_conversation"] == want["first_of_conversation"]
+    assert chh["excluded"]["conversation_unknown"] == want["conversation_unknown"]
+    print(f"analyze: could have hit {chh['considered']} of {len(truths)}, excluded {chh['excluded']}")
+    assert (chh["miss_rate"]["all"]["all"]["numerator"], chh["considered"]) == (
+        want["chh_misses"],
+        want["chh_considered"],
+    )
 
 
 def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path):

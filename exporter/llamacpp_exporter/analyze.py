@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from prometheus_client import CollectorRegistry
 
 from . import report
+from .classify import outcome
 from .config import ConversationsConfig, read_salt
 from .conversations import ConversationCosts, Pseudonymizer
 from .finish import AssemblySettings
@@ -159,6 +160,15 @@ def analyze(
     pseudonymize = pseudonymize or Pseudonymizer()
     sources: dict[str, Any] = {"logs": len(inputs.logs), "events_files": len(inputs.events)}
     events, bad = read_events(inputs.events) if inputs.events else ([], 0)
+    for e in events:  # classified under this run's thresholds, not the recording exporter's
+        if e.get("prompt_tokens") is not None and e.get("reused_tokens") is not None:
+            e["outcome"] = outcome(
+                e["prompt_tokens"],
+                e["reused_tokens"],
+                settings.min_prompt_tokens,
+                settings.hit_ratio,
+                settings.miss_ratio,
+            )
     if inputs.events:
         sources["events_records"] = len(events)
         sources["events_lines_not_records"] = bad

@@ -122,9 +122,10 @@ def build(
 ) -> dict[str, Any]:
     """The whole report from the records (and, when the log was read, the pipeline's
     conversation costs)."""
-    finished = [r for r in records if not r.get("cancelled") and not r.get("failed")]
-    known_prompt = [r for r in finished if r.get("prompt_tokens") is not None]
-    known_reuse = [r for r in finished if r.get("reused_tokens") is not None]
+    # the live exporter's rules, so that analyze and the exporter count alike: a request without
+    # a timings block is cancelled; tokens count where both prompt and reused are known
+    finished = [r for r in records if not (r.get("cancelled") and r.get("generated_tokens") is None)]
+    known = [r for r in records if r.get("prompt_tokens") is not None and r.get("reused_tokens") is not None]
     lora_known = sum(1 for r in records if r.get("lora") in ("none", "active"))
     diag = sum(1 for r in finished if r.get("reuse_source") == "log")
     unknowns = []
@@ -163,30 +164,30 @@ def build(
             }
         )
 
-    misses = [r for r in finished if r.get("outcome") == "miss"]
+    misses = [r for r in records if r.get("outcome") == "miss"]
     causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
     for r in misses:
         c = r.get("miss_cause") or "unknown"
         for lo in (r.get("lora", "unknown"), "all"):
             causes[lo][c] = causes[lo].get(c, 0) + 1
     restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
-    for r in finished:
+    for r in records:
         res = r.get("restore_result")
         if res:
             for lo in (r.get("lora", "unknown"), "all"):
                 restores[lo][res] = restores[lo].get(res, 0) + 1
 
-    chh, excluded = could_have_hit(finished, gap_seconds)
+    chh, excluded = could_have_hit(records, gap_seconds)
     prefill = defaultdict(list)
-    for r in finished:
+    for r in records:
         if r.get("prefill_seconds") is not None:
             prefill[r.get("path", "unknown")].append(r["prefill_seconds"])
             prefill["all"].append(r["prefill_seconds"])
     tpot: dict[str, list[float]] = {"prefill": [], "none": []}
-    for r in finished:
+    for r in records:
         if r.get("time_per_output_token_seconds") is not None and r.get("contention") in tpot:
             tpot[r["contention"]].append(r["time_per_output_token_seconds"])
-    large = [r for r in finished if (r.get("prefill_tokens") or 0) >= large_prefill_tokens]
+    large = [r for r in records if (r.get("prefill_tokens") or 0) >= large_prefill_tokens]
 
     report: dict[str, Any] = {
         "sources": sources or {},
@@ -195,19 +196,15 @@ def build(
             "finished": len(finished),
             "cancelled_or_failed": len(records) - len(finished),
             "server_runs": len({r.get("epoch") for r in records}),
-            "prompt_tokens": sum(r["prompt_tokens"] for r in known_prompt),
-            "prompt_tokens_known_for": len(known_prompt),
-            "reused_tokens": sum(r["reused_tokens"] for r in known_reuse),
-            "reused_tokens_known_for": len(known_reuse),
-            "reuse": rate(
-                sum(r["reused_tokens"] for r in known_reuse if r.get("prompt_tokens") is not None),
-                sum(r["prompt_tokens"] for r in known_reuse if r.get("prompt_tokens") is not None),
-            ),
+            "prompt_tokens": sum(r["prompt_tokens"] for r in known),
+            "reused_tokens": sum(r["reused_tokens"] for r in known),
+            "tokens_known_for": len(known),
+            "reuse": rate(sum(r["reused_tokens"] for r in known), sum(r["prompt_tokens"] for r in known)),
             "by_lora": {lo: sum(1 for r in records if r.get("lora") == lo) for lo in LORA_STATES},
             "by_path": {p: sum(1 for r in records if r.get("path") == p) for p in PATHS},
         },
         "unknown": unknowns,
-        "miss_rate": _miss_table(finished),
+        "miss_rate": _miss_table(records),
         "could_have_hit": {
             "gap_seconds": gap_seconds,
             "excluded": excluded,
@@ -222,7 +219,7 @@ def build(
             "while_another_slot_prefilled": percentiles(tpot["prefill"]),
             "no_concurrent_prefill": percentiles(tpot["none"]),
         },
-        "small_task_takeovers": sum(1 for r in finished if r.get("small_task_takeover")),
+        "small_task_takeovers": sum(1 for r in records if r.get("small_task_takeover")),
         "top_conversations": _top(records, conversations, top),
     }
     return report
@@ -274,8 +271,8 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
                     f"{rq['total']} ({rq['finished']} + {rq['cancelled_or_failed']})",
                 ],
                 ["server runs in the log", str(rq["server_runs"])],
-                ["prompt tokens", f"{rq['prompt_tokens']} (known for {rq['prompt_tokens_known_for']})"],
-                ["reused tokens", f"{rq['reused_tokens']} (known for {rq['reused_tokens_known_for']})"],
+                ["prompt tokens", f"{rq['prompt_tokens']} (known for {rq['tokens_known_for']} requests)"],
+                ["reused tokens", str(rq["reused_tokens"])],
                 ["reused share of prompt tokens", fmt_rate(rq["reuse"])],
                 ["by LoRA state", ", ".join(f"{k} {v}" for k, v in rq["by_lora"].items())],
                 ["by selection path", ", ".join(f"{k} {v}" for k, v in rq["by_path"].items())],

@@ -1,0 +1,304 @@
+"""`llamacpp-exporter analyze`: every count and rate of its JSON report against the ground
+truth recorded with each real log (the responses' cache_n and prompt_n, the conversation each
+request belonged to), the report's rules on invented records, and its inputs (rotated and .gz
+files, events files, bad lines)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from realserver import ExporterProcess, free_port, wait_for
+from support import expected_from_truth, samples, truths
+
+from llamacpp_exporter import analyze, report
+from llamacpp_exporter.classify import outcome
+from llamacpp_exporter.finish import AssemblySettings
+from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
+
+LOGS = Path(__file__).parent / "fixtures" / "logs"
+# recorded runs in which every request has its ground truth and sent its conversation id
+WITH_TRUTH = ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np1-cache-thrashing", "lv4-np1-cache-full-healthy"]
+
+
+def json_report(paths: list[str], settings: AssemblySettings, events: list[str] | None = None) -> dict:
+    result = analyze.analyze(analyze.Inputs(paths, events or []), settings)
+    return report.build(result.records, conversations=result.conversations, sources=result.sources)
+
+
+@pytest.mark.parametrize("min_prompt_tokens", [1, 1024])
+@pytest.mark.parametrize("name", WITH_TRUTH)
+def test_every_count_and_rate_equals_the_ground_truth(name, min_prompt_tokens):
+    settings = AssemblySettings(min_prompt_tokens=min_prompt_tokens)
+    want = expected_from_truth(truths(f"{name}.truth.jsonl"), settings)
+    rep = json_report([str(LOGS / f"{name}.log")], settings)
+    rq = rep["requests"]
+    assert (rq["total"], rq["prompt_tokens"], rq["reused_tokens"]) == (want["total"], want["prompt"], want["reused"])
+    every = rep["miss_rate"]["all"]["all"]
+    assert (every["numerator"], every["denominator"]) == (want["misses"], want["with_outcome"])
+    ch = rep["could_have_hit"]
+    assert ch["excluded"]["first_of_conversation"] == want["first_of_conversation"]
+    assert ch["excluded"]["history_shrank"] == want["history_shrank"]
+    assert ch["excluded"]["conversation_unknown"] == 0
+    chh = ch["miss_rate"]["all"]["all"]
+    assert (chh["numerator"], chh["denominator"]) == (want["chh_misses"], want["chh_considered"])
+    # a bare log does not know the LoRA: every request is unknown, and the report says why
+    assert rep["miss_rate"]["all"]["unknown"] == every
+    assert any(u["what"] == "LoRA state" and "--events" in u["why"] for u in rep["unknown"])
+
+
+def test_below_lv4_the_cache_figures_are_unknown_with_the_reason():
+    rep = json_report([str(LOGS / "lv3-np2-text.log")], AssemblySettings(min_prompt_tokens=1))
+    assert rep["requests"]["total"] == len(truths("lv3-np2-text.truth.jsonl"))
+    whats = {u["what"]: u for u in rep["unknown"]}
+    diag = next(u for w, u in whats.items() if w.startswith("RAM-cache diagnostics"))
+    assert diag["requests"] == rep["requests"]["finished"] and "-lv 4" in diag["why"]
+    # without /slots the reused tokens are unknown below -lv 4: no outcome is made up
+    assert rep["miss_rate"]["all"]["all"]["denominator"] == 0
+    assert whats["cache outcome"]["requests"] == rep["requests"]["finished"]
+
+
+def test_an_events_file_supplies_the_lora_state_a_bare_log_lacks(tmp_path):
+    """The events file of an exporter that polled /slots: its records stand for their tasks.
+    Here it is made from the log's own records with the ground truth's LoRA state written in."""
+    name = "lv4-np2-text"
+    settings = AssemblySettings(min_prompt_tokens=1)
+    result = analyze.analyze(analyze.Inputs([str(LOGS / f"{name}.log")], []), settings)
+    by_prompt = {(t["cache_n"] + t["prompt_n"], t["cache_n"]): t["lora"] for t in truths(f"{name}.truth.jsonl")}
+    events = tmp_path / "events.jsonl"
+    with events.open("w") as fh:
+        for r in result.records:
+            fh.write(json.dumps(dict(r, lora=by_prompt[r["prompt_tokens"], r["reused_tokens"]])) + "\n")
+        fh.write("not json\n")
+    rep = json_report([str(LOGS / f"{name}.log")], settings, [str(events)])
+    want = expected_from_truth(truths(f"{name}.truth.jsonl"), settings)["by_lora"]
+    for lora, (misses, total) in want.items():
+        got = rep["miss_rate"]["all"][lora]
+        assert (got["numerator"], got["denominator"]) == (misses, total)
+    assert rep["sources"]["events_matched_to_log"] == len(result.records)
+    assert rep["sources"]["events_lines_not_records"] == 1
+    assert not any(u["what"] == "LoRA state" for u in rep["unknown"])
+    # the events file alone gives the same rates
+    alone = json_report([], settings, [str(events)])
+    assert alone["miss_rate"] == rep["miss_rate"]
+
+
+def test_rotated_and_compressed_files_are_read_oldest_first_as_one_log(tmp_path):
+    lines = (LOGS / "lv4-np2-text.log").read_text().splitlines(keepends=True)
+    third = len(lines) // 3
+    (tmp_path / "llama.log").write_text("".join(lines[2 * third :]))
+    (tmp_path / "llama.log.1").write_text("".join(lines[third : 2 * third]))
+    with gzip.open(tmp_path / "llama.log.2.gz", "wt") as fh:
+        fh.write("".join(lines[:third]))
+    given = [str(tmp_path / n) for n in ("llama.log", "llama.log.1", "llama.log.2.gz")]
+    assert analyze.rotation_order(given) == given[::-1]
+    settings = AssemblySettings(min_prompt_tokens=1)
+    whole = json_report([str(LOGS / "lv4-np2-text.log")], settings)
+    split = json_report(given, settings)
+    for key in ("requests", "miss_rate", "could_have_hit", "miss_causes", "restores", "prefill_seconds"):
+        assert split[key] == whole[key], key
+
+
+def test_several_server_runs_in_one_log(tmp_path):
+    """Two runs of the server appended to one file (its start banner again): the second run's
+    first requests could not have hit, whatever their conversation."""
+    log = tmp_path / "two-runs.log"
+    with log.open("w") as out:
+        for _ in range(2):
+            shutil.copyfileobj((LOGS / "lv4-np2-text.log").open(), out)
+    settings = AssemblySettings(min_prompt_tokens=1)
+    one = json_report([str(LOGS / "lv4-np2-text.log")], settings)
+    two = json_report([str(log)], settings)
+    assert two["requests"]["server_runs"] == 2
+    assert two["requests"]["total"] == 2 * one["requests"]["total"]
+    ex1, ex2 = one["could_have_hit"]["excluded"], two["could_have_hit"]["excluded"]
+    assert ex2["first_of_conversation"] == ex1["first_of_conversation"]
+    assert ex2["after_server_restart"] == ex1["first_of_conversation"]
+
+
+# ------------------------------------------------------------------ the rules, on invented records
+def rec(conv, start_s, end_s, prompt, reused, epoch=0, lora="none", path="ram"):
+    """An invented record (only the fields the rules read)."""
+    o = outcome(prompt, reused, 1, 0.9, 0.1)
+    return {
+        "epoch": epoch,
+        "conversation": conv,
+        "start_us": int(start_s * 1e6),
+        "end_us": int(end_s * 1e6),
+        "prompt_tokens": prompt,
+        "reused_tokens": reused,
+        "outcome": o,
+        "lora": lora,
+        "path": path,
+        "reuse_source": "log",
+    }
+
+
+def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason():
+    records = [
+        rec("a", 0, 1, 1000, 0),  # first of a
+        rec("a", 2, 3, 1200, 1100),  # considered, hit
+        rec("a", 4, 5, 300, 0),  # history shrank (summarised)
+        rec("a", 4000, 4001, 400, 0),  # after a long gap
+        rec("a", 4002, 4003, 500, 0),  # considered, miss
+        rec(None, 5, 6, 800, 0),  # no conversation
+        rec("a", 1, 2, 600, 0, epoch=1),  # after a server restart
+    ]
+    kept, excluded = report.could_have_hit(records, gap_seconds=1800)
+    assert excluded == {
+        "conversation_unknown": 1,
+        "first_of_conversation": 1,
+        "after_server_restart": 1,
+        "history_shrank": 1,
+        "after_long_gap": 1,
+    }
+    assert [(r["start_us"], r["outcome"]) for r in kept] == [(2_000_000, "hit"), (4_002_000_000, "miss")]
+
+
+def test_rates_are_written_with_their_counts_and_small_samples_are_flagged():
+    assert report.fmt_rate(report.rate(61, 79)) == "77% (61/79)"
+    assert report.fmt_rate(report.rate(3, 8)) == "38% (3/8) *"
+    assert report.fmt_rate(report.rate(0, 0)) == "-"
+
+
+@pytest.mark.parametrize("fmt", ["text", "markdown", "csv", "json"])
+def test_every_format_renders_the_same_report(fmt, capsys):
+    path = str(LOGS / "lv4-np2-text.log")
+    assert analyze.main([path, "--format", fmt, "--min-prompt-tokens", "1"]) == 0
+    out = capsys.readouterr().out
+    rep = json_report([path], AssemblySettings(min_prompt_tokens=1))
+    every = report.fmt_rate(rep["miss_rate"]["all"]["all"])
+    if fmt == "json":
+        assert json.loads(out)["miss_rate"] == rep["miss_rate"]
+    elif fmt == "csv":
+        m = rep["miss_rate"]["all"]["all"]
+        assert f"miss_rate,all,all,miss,{m['numerator']},{m['denominator']}," in out
+    else:
+        assert every in out
+        assert "unknown: LoRA state" in out
+
+
+def test_bad_arguments_are_clear_errors(tmp_path, capsys):
+    assert analyze.main([]) == 2
+    assert analyze.main([str(tmp_path / "missing.log")]) == 2
+    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--gap", "nan"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "--gap" in err
+
+
+# ------------------------------------------------------------------ live exporter and analyze agree
+def live_vs_report(metrics_text: str, rep: dict) -> list[tuple[str, float, float]]:
+    """(what, live counter, analyze's figure) for every request counter the exporter exports."""
+    pairs = []
+
+    def total(name: str, **want: str) -> float:
+        return sum(
+            v for k, v in samples(metrics_text, name).items() if all(dict(k).get(a) == b for a, b in want.items())
+        )
+
+    rq = rep["requests"]
+    for path in PATHS:
+        live = total("llamacpp_requests_total", path=path) + total("llamacpp_requests_cancelled_total", path=path)
+        pairs.append((f"requests path={path}", live, rq["by_path"][path]))
+    for lora in LORA_STATES:
+        live = total("llamacpp_requests_total", lora=lora) + total("llamacpp_requests_cancelled_total", lora=lora)
+        pairs.append((f"requests lora={lora}", live, rq["by_lora"][lora]))
+        for cause in MISS_CAUSES:
+            pairs.append(
+                (f"misses {lora} {cause}", total("llamacpp_prompt_cache_misses_total", lora=lora, cause=cause),
+                 rep["miss_causes"][lora][cause])
+            )  # fmt: skip
+        for res in RESTORE_RESULTS:
+            pairs.append(
+                (f"restores {lora} {res}", total("llamacpp_prompt_cache_restores_total", lora=lora, result=res),
+                 rep["restores"][lora][res])
+            )  # fmt: skip
+        for path in PATHS:
+            m = rep["miss_rate"][path][lora]
+            pairs.append(
+                (
+                    f"misses {path} {lora}",
+                    total("llamacpp_prompt_cache_outcomes_total", path=path, lora=lora, outcome="miss"),
+                    m["numerator"],
+                )
+            )
+            pairs.append(
+                (
+                    f"outcomes {path} {lora}",
+                    total("llamacpp_prompt_cache_outcomes_total", path=path, lora=lora),
+                    m["denominator"],
+                )
+            )
+    pairs.append(("cancelled", total("llamacpp_requests_cancelled_total"), rq["cancelled_or_failed"]))
+    pairs.append(("prompt tokens", total("llamacpp_prompt_tokens_total"), rq["prompt_tokens"]))
+    pairs.append(("reused tokens", total("llamacpp_prompt_tokens_reused_total"), rq["reused_tokens"]))
+    pairs.append(("takeovers", total("llamacpp_small_task_slot_takeovers_total"), rep["small_task_takeovers"]))
+    for path in PATHS:
+        pairs.append(
+            (
+                f"prefills {path}",
+                total("llamacpp_prefill_duration_seconds_count", path=path),
+                rep["prefill_seconds"][path]["count"],
+            )
+        )
+    tp = rep["time_per_output_token_seconds"]
+    pairs.append(
+        (
+            "tpot prefill",
+            total("llamacpp_time_per_output_token_seconds_count", contention="prefill"),
+            tp["while_another_slot_prefilled"]["count"],
+        )
+    )
+    pairs.append(
+        (
+            "tpot none",
+            total("llamacpp_time_per_output_token_seconds_count", contention="none"),
+            tp["no_concurrent_prefill"]["count"],
+        )
+    )
+    return pairs
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", ["lv4-np2-text", "lv4-np1-cancelled", "lv3-np2-text", "lv4-np2-starved"])
+def test_the_live_exporter_and_analyze_count_the_same(name, tmp_path):
+    log = tmp_path / "llama-server.log"
+    shutil.copy(LOGS / f"{name}.log", log)
+    n = sum(1 for _ in log.open(errors="replace"))
+    exp = ExporterProcess(
+        ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log), "--llama.log-from-start"]
+        + ["--no-llama.slots"],
+        tmp_path / "exporter",
+    ).start()
+    try:
+        exp.wait_lines_processed(n)
+        done = subprocess.run(
+            [sys.executable, "-m", "llamacpp_exporter", "analyze", str(log), "--format", "json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        rep = json.loads(done.stdout)
+        # the exporter emits a record when nothing more can change it; at the end of a log
+        # analyze flushes: wait until the exporter holds every record analyze has
+        wait_for(
+            lambda: (
+                sum(samples(exp.metrics_text(), "llamacpp_requests_total").values())
+                + sum(samples(exp.metrics_text(), "llamacpp_requests_cancelled_total").values())
+                >= rep["requests"]["total"]
+            ),
+            "every request counted live",
+            timeout=90,
+        )
+        text = exp.metrics_text()
+    finally:
+        exp.stop()
+    assert rep["requests"]["total"] > 0
+    differ = [(what, live, ours) for what, live, ours in live_vs_report(text, rep) if live != ours]
+    assert not differ
