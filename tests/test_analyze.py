@@ -6,13 +6,18 @@ files, events files, bad lines)."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
+from promql import Prometheus, dashboard_expressions
 from realserver import ExporterProcess, free_port, wait_for
 from support import expected_from_truth, samples, truths
 
@@ -302,3 +307,75 @@ def test_the_live_exporter_and_analyze_count_the_same(name, tmp_path):
     assert rep["requests"]["total"] > 0
     differ = [(what, live, ours) for what, live, ours in live_vs_report(text, rep) if live != ours]
     assert not differ
+
+
+# ------------------------------------------------------------------ history into Prometheus
+@pytest.mark.integration
+def test_backfilled_history_answers_the_dashboards_query_in_a_real_prometheus(tmp_path):
+    """analyze --openmetrics -> promtool tsdb create-blocks-from openmetrics -> a real
+    Prometheus on those blocks answers the overview's RAM-path miss ratio over that history
+    with analyze's own figure."""
+    log = tmp_path / "llama-server.log"
+    shutil.copy(LOGS / "lv4-np2-text.log", log)
+    last_line = time.time() - 2 * 3600  # the log was written two hours ago
+    os.utime(log, (last_line, last_line))
+    om = tmp_path / "history.om"
+    done = subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", "analyze", str(log), "--format", "json"]
+        + ["--openmetrics", str(om), "--openmetrics-step", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    rep = json.loads(done.stdout)
+    text = om.read_text()
+    assert text.endswith("# EOF\n") and "_created" not in text and "llamacpp_conversation_" not in text
+    data = tmp_path / "prometheus" / "data"
+    blocks = subprocess.run(
+        [shutil.which("promtool") or "promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert blocks.returncode == 0, blocks.stdout + blocks.stderr
+    prom = Prometheus(tmp_path / "prometheus", {"global": {"scrape_interval": "1h"}, "scrape_configs": []})
+    try:
+
+        def at(promql: str, t: float) -> list[dict]:
+            r = httpx.get(prom.url + "/api/v1/query", params={"query": promql, "time": t}, timeout=30)
+            r.raise_for_status()
+            return r.json()["data"]["result"]
+
+        t = last_line + 60
+        total = at('sum(llamacpp_requests_total{job="llamacpp"}) + sum(llamacpp_requests_cancelled_total)', t)
+        assert float(total[0]["value"][1]) == rep["requests"]["total"]
+        panel = next(
+            e for e in dashboard_expressions() if "RAM-path miss ratio, 15 min" in e.where and "outcome" in e.expr
+        )
+        got = at(panel.promql, t)
+        want = rep["miss_rate"]["ram"]["all"]
+        assert got, f"no data for {panel.where}"
+        assert float(got[0]["value"][1]) == pytest.approx(want["numerator"] / want["denominator"])
+        assert not at(panel.promql, last_line - 3 * 3600), "nothing before the log began"
+    finally:
+        prom.stop()
+
+
+def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_path):
+    """Only the last run in a file is dated (by the file's modification time): the earlier
+    run's samples are left out and counted, not placed at an invented time."""
+    log = tmp_path / "two-runs.log"
+    with log.open("w") as out:
+        for _ in range(2):
+            shutil.copyfileobj((LOGS / "lv4-np2-text.log").open(), out)
+    result = analyze.analyze(analyze.Inputs([str(log)], []), history_step=5.0)
+    assert result.history is not None
+    buf = io.StringIO()
+    w = result.history.write_openmetrics(buf, analyze.wall_clock(result.file_ends), {"job": "llamacpp"})
+    assert w.runs_without_time == {0}
+    assert w.samples > 0 and w.samples_without_time > 0 and w.samples_out_of_order == 0
+    mtime = log.stat().st_mtime
+    stamps = {float(line.rsplit(" ", 1)[1]) for line in buf.getvalue().splitlines() if not line.startswith("#")}
+    assert max(stamps) == pytest.approx(mtime, abs=0.002)
+    assert min(stamps) >= mtime - 60  # the recorded run lasts 45 s

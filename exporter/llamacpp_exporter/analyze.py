@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,6 +27,7 @@ from .classify import outcome
 from .config import ConversationsConfig, read_salt
 from .conversations import ConversationCosts, Pseudonymizer
 from .finish import AssemblySettings
+from .history import History
 from .pipeline import Pipeline
 from .records import RequestRecord
 
@@ -63,6 +65,8 @@ class Analysis:
     records: list[dict[str, Any]]
     conversations: list[dict[str, Any]] | None  # the pipeline's costs, when a log was read
     sources: dict[str, Any]
+    history: History | None = None
+    file_ends: list[FileEnd] = field(default_factory=list)
 
 
 class _Progress:
@@ -90,11 +94,26 @@ class _Progress:
             sys.stderr.write("\r" + " " * 60 + "\r")
 
 
+@dataclass
+class FileEnd:
+    """Where a file ended: its last server run, that run's last log time (None without
+    timestamps) and the file's modification time (the wall-clock time of its last line)."""
+
+    epoch: int
+    log_us: int | None
+    mtime: float
+
+
 def read_logs(
-    paths: list[str], settings: AssemblySettings, pseudonymize: Pseudonymizer, progress: bool = False
-) -> tuple[list[RequestRecord], Pipeline, int]:
+    paths: list[str],
+    settings: AssemblySettings,
+    pseudonymize: Pseudonymizer,
+    progress: bool = False,
+    history_step: float | None = None,
+) -> tuple[list[RequestRecord], Pipeline, int, History | None, list[FileEnd]]:
     """Every file in turn through one pipeline (a rotated set is one stream; a server start
-    inside it is a new run). Returns the records, the pipeline (its counters), the lines read."""
+    inside it is a new run). Returns the records, the pipeline (its counters), the lines read,
+    the metrics over time when a step is given, and where each file ended."""
     records: list[RequestRecord] = []
     # log time only: a replay must not expire conversation costs by the wall clock
     pl = Pipeline(
@@ -108,6 +127,9 @@ def read_logs(
     )
     sizes = {p: os.path.getsize(p) for p in paths}
     bar = _Progress(sum(sizes.values()), progress)
+    history = History(pl.registry, history_step) if history_step else None
+    a = pl.assembler
+    ends = []
     n = 0
     process = pl.process_line
     for path in paths:
@@ -116,12 +138,31 @@ def read_logs(
             for line in fh:
                 process(line.rstrip("\r\n"), 0.0)
                 n += 1
+                if history is not None:
+                    history.at(a.epoch, a.clock.now)
                 if n & 0xFFFF == 0:
                     bar.show(raw.tell())
+        ends.append(FileEnd(a.epoch, a.clock.last_ts, os.path.getmtime(path)))
+        if history is not None:
+            history.sample(a.epoch, a.clock.now, final=True)
         bar.file_done(sizes[path])
     pl.flush()
+    if history is not None:
+        history.sample(a.epoch, a.clock.now, final=True)
     bar.close()
-    return records, pl, n
+    return records, pl, n, history, ends
+
+
+def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
+    """A run's log time to Unix time, anchored by the modification time of the last file in
+    which the run ended; None for a run another run followed in the same file."""
+    anchors = {e.epoch: e.mtime - e.log_us / 1e6 for e in ends if e.log_us is not None}
+
+    def at(epoch: int, log_us: int) -> float | None:
+        t0 = anchors.get(epoch)
+        return None if t0 is None else t0 + log_us / 1e6
+
+    return at
 
 
 def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
@@ -155,6 +196,7 @@ def analyze(
     settings: AssemblySettings | None = None,
     pseudonymize: Pseudonymizer | None = None,
     progress: bool = False,
+    history_step: float | None = None,
 ) -> Analysis:
     settings = settings or AssemblySettings()
     pseudonymize = pseudonymize or Pseudonymizer()
@@ -174,7 +216,9 @@ def analyze(
         sources["events_lines_not_records"] = bad
     if not inputs.logs:
         return Analysis(events, None, sources)
-    recs, pl, lines = read_logs(rotation_order(inputs.logs), settings, pseudonymize, progress)
+    recs, pl, lines, history, ends = read_logs(
+        rotation_order(inputs.logs), settings, pseudonymize, progress, history_step
+    )
     g = pl.registry.get_sample_value
     sources["log_lines"] = lines
     sources["log_lines_unrecognized"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unrecognized"}) or 0)
@@ -187,12 +231,12 @@ def analyze(
         by_key = {_key(e): e for e in events}
         matched = 0
         for i, r in enumerate(records):
-            e = by_key.get(_key(r))
-            if e is not None:
-                records[i] = e
+            recorded = by_key.get(_key(r))
+            if recorded is not None:
+                records[i] = recorded
                 matched += 1
         sources["events_matched_to_log"] = matched
-    return Analysis(records, pl.costs.snapshot(), sources)
+    return Analysis(records, pl.costs.snapshot(), sources, history, ends)
 
 
 # ------------------------------------------------------------------ command line
@@ -228,6 +272,27 @@ def build_parser() -> argparse.ArgumentParser:
         default=AssemblySettings().min_prompt_tokens,
         help="requests with fewer prompt tokens get no cache outcome (as the exporter's cache.min_prompt_tokens)",
     )
+    ap.add_argument(
+        "--openmetrics",
+        metavar="OUT",
+        help="write the exporter's metrics over the log's history as OpenMetrics text, for "
+        "`promtool tsdb create-blocks-from openmetrics OUT DIR` (each file's modification time dates its last line)",
+    )
+    ap.add_argument(
+        "--openmetrics-step",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="one sample of every series per this much log time (default 60)",
+    )
+    ap.add_argument(
+        "--label",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a label on every backfilled series (default job=llamacpp instance=backfill; give the live "
+        "exporter's instance to continue its series)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress line on large inputs")
     return ap
 
@@ -244,6 +309,19 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    labels = {"job": "llamacpp", "instance": "backfill"}
+    for item in args.label:
+        name, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name) or name.startswith("__"):
+            print(
+                f"llamacpp-exporter analyze: --label {item!r}: give NAME=VALUE with a valid label name", file=sys.stderr
+            )
+            return 2
+        labels[name] = value
+    if args.openmetrics and not (args.logs and 0.001 <= args.openmetrics_step <= 86400):
+        print("llamacpp-exporter analyze: --openmetrics needs log files and a step between 0.001 and 86400 s",
+              file=sys.stderr)  # fmt: skip
+        return 2
     missing = [p for p in [*args.logs, *args.events] if not Path(p).is_file()]
     if missing:
         print(f"llamacpp-exporter analyze: no such file: {', '.join(missing)}", file=sys.stderr)
@@ -257,7 +335,27 @@ def main(argv: list[str]) -> int:
         settings,
         Pseudonymizer(salt),
         progress=not args.no_progress and sys.stderr.isatty(),
+        history_step=args.openmetrics_step if args.openmetrics else None,
     )
+    if args.openmetrics:
+        if result.history is None or not any(e.log_us for e in result.file_ends):
+            print(
+                "llamacpp-exporter analyze: the log has no timestamps (llama-server's --log-timestamps): "
+                "its history cannot be dated",
+                file=sys.stderr,
+            )
+            return 1
+        with open(args.openmetrics, "w", encoding="utf-8") as fh:
+            w = result.history.write_openmetrics(fh, wall_clock(result.file_ends), labels)
+        note = f"analyze: {w.samples} samples written to {args.openmetrics}"
+        if w.runs_without_time:
+            note += (
+                f"; {w.samples_without_time} samples of {len(w.runs_without_time)} server run(s) not written: "
+                "another run follows them in the same file, so their wall-clock time is unknown"
+            )
+        if w.samples_out_of_order:
+            note += f"; {w.samples_out_of_order} samples dropped where runs' times overlapped"
+        print(note, file=sys.stderr)
     rep = report.build(
         result.records,
         gap_seconds=args.gap,

@@ -281,36 +281,40 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
         )
     )
 
-    def miss_rows(table: dict[str, Any]) -> list[list[str]]:
-        return [[p, *(fmt_rate(table[p][lo]) for lo in RATE_LORA)] for p in RATE_PATHS]
+    def miss_table(title: str, table: dict[str, Any], note: str) -> None:
+        # paths and LoRA states without a request are left out of the table (not of the JSON)
+        paths = [p for p in RATE_PATHS if p == "all" or table[p]["all"]["denominator"]]
+        loras = [lo for lo in RATE_LORA if lo == "all" or table["all"][lo]["denominator"]]
+        rows = [[p, *(fmt_rate(table[p][lo]) for lo in loras)] for p in paths]
+        out.append((title, ["path", *(f"LoRA {lo}" if lo != "all" else "all" for lo in loras)], rows, note))
 
-    note = "miss: reused < the miss ratio of the prompt, over requests with a cache outcome; * small sample"
-    out.append(
-        ("Prompt-cache miss rate by path and LoRA state", ["path", *RATE_LORA], miss_rows(rep["miss_rate"]), note)
+    miss_table(
+        "Prompt-cache miss rate by slot-selection path and LoRA state",
+        rep["miss_rate"],
+        "miss: reused less than the miss ratio of the prompt; over the requests with a cache outcome; * small sample",
     )
     ch = rep["could_have_hit"]
-    ex = ", ".join(f"{EXCLUSION_TEXT[k]}: {v}" for k, v in ch["excluded"].items())
-    out.append(
-        (
-            "Miss rate of the requests that could have hit",
-            ["path", *RATE_LORA],
-            miss_rows(ch["miss_rate"]),
-            f"{ch['considered']} considered; excluded: {ex} (gap {ch['gap_seconds']:g} s)",
-        )
+    excluded = "\n".join(f"  excluded, {EXCLUSION_TEXT[k]}: {v}" for k, v in ch["excluded"].items())
+    miss_table(
+        "Miss rate of the requests that could have hit",
+        ch["miss_rate"],
+        f"{ch['considered']} requests considered (gap {ch['gap_seconds']:g} s)\n{excluded}",
     )
+    seen = [lo for lo in RATE_LORA if lo == "all" or rq["by_lora"].get(lo)]
+    heads = [f"LoRA {lo}" if lo != "all" else "all" for lo in seen]
     out.append(
         (
             "Miss causes",
-            ["cause", *RATE_LORA],
-            [[c, *(str(rep["miss_causes"][lo].get(c, 0)) for lo in RATE_LORA)] for c in MISS_CAUSES],
+            ["cause", *heads],
+            [[c, *(str(rep["miss_causes"][lo].get(c, 0)) for lo in seen)] for c in MISS_CAUSES],
             "",
         )
     )
     out.append(
         (
             "RAM-cache restores",
-            ["result", *RATE_LORA],
-            [[res, *(str(rep["restores"][lo].get(res, 0)) for lo in RATE_LORA)] for res in RESTORE_RESULTS],
+            ["result", *heads],
+            [[res, *(str(rep["restores"][lo].get(res, 0)) for lo in seen)] for res in RESTORE_RESULTS],
             "discarded_lora_wrongful: a restored entry discarded although it was computed under the request's LoRA",
         )
     )
@@ -344,7 +348,12 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
         cols += ["cost_to_others_seconds", "wasted_prompt_tokens", "last_miss_cause"]
     out.append(
         (
-            f"Top conversations by {top['by'].replace('_', ' ')}",
+            "Top conversations by "
+            + (
+                "their prefills' cost to the other slots (s)"
+                if top["by"] == "cost_to_others_seconds"
+                else "prefill time (s)"
+            ),
             cols,
             [[_cell(row.get(c)) for c in cols] for row in top["rows"]],
             top.get("note", "pseudonyms, never the ids clients sent"),
@@ -389,7 +398,7 @@ def to_markdown(rep: dict[str, Any]) -> str:
         for row in rows:
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
         if note:
-            lines.append(f"\n{note}")
+            lines.append("\n" + note.replace("\n  ", "\n- "))
         lines.append("")
     lines.extend(f"- {u}" for u in _unknown_lines(rep))
     return "\n".join(lines).rstrip() + "\n"
