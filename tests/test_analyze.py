@@ -379,3 +379,59 @@ def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_
     stamps = {float(line.rsplit(" ", 1)[1]) for line in buf.getvalue().splitlines() if not line.startswith("#")}
     assert max(stamps) == pytest.approx(mtime, abs=0.002)
     assert min(stamps) >= mtime - 60  # the recorded run lasts 45 s
+
+
+# ------------------------------------------------------------------ windows and comparisons
+def run_json(capsys, *argv: str) -> dict:
+    assert analyze.main([*argv, "--format", "json", "--min-prompt-tokens", "1"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_two_windows_split_every_count_of_the_whole(tmp_path, capsys):
+    log = tmp_path / "llama-server.log"
+    shutil.copy(LOGS / "lv4-np2-text.log", log)
+    os.utime(log, (1_800_000_000, 1_800_000_000))  # its last line: 2027-01-15T08:00:00Z
+    whole = run_json(capsys, str(log))
+    split = "2027-01-15T07:59:40+00:00"  # 20 s before the end of a 45 s run
+    both = run_json(capsys, str(log), "--compare-at", split)
+    a, b = both["a"], both["b"]
+    assert a["requests"]["total"] > 0 and b["requests"]["total"] > 0
+    assert a["requests"]["total"] + b["requests"]["total"] == whole["requests"]["total"]
+    for path in report.RATE_PATHS:
+        for key in ("numerator", "denominator"):
+            assert (
+                a["miss_rate"][path]["all"][key] + b["miss_rate"][path]["all"][key]
+                == (whole["miss_rate"][path]["all"][key])
+            )
+    # a conversation begun before the window is not "first" inside it: the exclusions split too
+    ca, cb, cw = (r["could_have_hit"] for r in (a, b, whole))
+    assert ca["considered"] + cb["considered"] == cw["considered"]
+    assert (
+        ca["excluded"]["first_of_conversation"] + cb["excluded"]["first_of_conversation"]
+        == (cw["excluded"]["first_of_conversation"])
+    )
+    # --since/--until give the same windows
+    assert run_json(capsys, str(log), "--until", split)["miss_rate"] == a["miss_rate"]
+    assert run_json(capsys, str(log), "--since", split)["miss_rate"] == b["miss_rate"]
+    assert run_json(capsys, str(log), "--since", "2027-01-15T08:00:01+00:00")["requests"]["total"] == 0
+
+
+def test_requests_that_cannot_be_dated_are_left_out_of_a_window_and_counted(tmp_path, capsys):
+    log = tmp_path / "two-runs.log"
+    with log.open("w") as out:
+        for _ in range(2):
+            shutil.copyfileobj((LOGS / "lv4-np2-text.log").open(), out)
+    rep = run_json(capsys, str(log), "--since", "2000-01-01")
+    assert rep["requests"]["total"] == 32  # the last run only
+    time_unknown = next(u for u in rep["unknown"] if u["what"] == "time")
+    assert time_unknown["requests"] == 32
+
+
+def test_two_log_sets_compared_side_by_side(capsys):
+    first, second = str(LOGS / "lv4-np2-text.log"), str(LOGS / "lv4-np1-cache-thrashing.log")
+    both = run_json(capsys, first, "--compare-with", second)
+    assert both["a"]["miss_rate"] == run_json(capsys, first)["miss_rate"]
+    assert both["b"]["miss_rate"] == run_json(capsys, second)["miss_rate"]
+    assert analyze.main([first, "--compare-with", second]) == 0
+    text = capsys.readouterr().out
+    assert report.fmt_rate(both["b"]["miss_rate"]["all"]["all"]) in text

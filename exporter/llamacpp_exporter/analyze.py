@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -233,10 +234,37 @@ def analyze(
         for i, r in enumerate(records):
             recorded = by_key.get(_key(r))
             if recorded is not None:
-                records[i] = recorded
+                records[i] = dict(recorded, epoch=r["epoch"])  # this reading's run numbering
                 matched += 1
         sources["events_matched_to_log"] = matched
     return Analysis(records, pl.costs.snapshot(), sources, history, ends)
+
+
+def dated(result: Analysis) -> list[tuple[float | None, dict[str, Any]]]:
+    """Each record with the Unix time it started, None where its run cannot be dated (an
+    events file alone, a run another run follows in the same file, a log without timestamps)."""
+    clock = wall_clock(result.file_ends)
+    return [
+        (clock(r.get("epoch", 0), r["start_us"]) if r.get("start_us") is not None else None, r) for r in result.records
+    ]
+
+
+def within(
+    records: list[tuple[float | None, dict[str, Any]]], since: float | None, until: float | None
+) -> tuple[list[dict[str, Any]], int]:
+    """The records started in [since, until), and how many could not be placed in time."""
+    if since is None and until is None:
+        return [r for _, r in records], 0
+    kept = [r for t, r in records if t is not None and (since is None or t >= since) and (until is None or t < until)]
+    return kept, sum(1 for t, _ in records if t is None)
+
+
+def parse_time(text: str) -> float:
+    """ISO 8601 (2026-11-02, 2026-11-02T14:30, with or without a zone: local time without)."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 date or time (e.g. 2026-11-02T14:30)") from None
 
 
 # ------------------------------------------------------------------ command line
@@ -264,6 +292,23 @@ def build_parser() -> argparse.ArgumentParser:
         default=1800.0,
         metavar="SECONDS",
         help="a request after a pause in its conversation longer than this could not have hit (default 1800)",
+    )
+    ap.add_argument(
+        "--since", type=parse_time, metavar="TIME", help="only requests started at or after TIME (ISO 8601)"
+    )
+    ap.add_argument("--until", type=parse_time, metavar="TIME", help="only requests started before TIME (ISO 8601)")
+    cmp = ap.add_mutually_exclusive_group()
+    cmp.add_argument(
+        "--compare-at",
+        type=parse_time,
+        metavar="TIME",
+        help="compare the requests before TIME with those after it (a fix deployed at TIME)",
+    )
+    cmp.add_argument(
+        "--compare-with",
+        action="append",
+        metavar="LOG",
+        help="compare the logs given first with these (for example before and after a fix); repeatable",
     )
     ap.add_argument("--top", type=int, default=10, help="conversations in the top table (default 10)")
     ap.add_argument(
@@ -356,14 +401,51 @@ def main(argv: list[str]) -> int:
         if w.samples_out_of_order:
             note += f"; {w.samples_out_of_order} samples dropped where runs' times overlapped"
         print(note, file=sys.stderr)
-    rep = report.build(
-        result.records,
-        gap_seconds=args.gap,
-        large_prefill_tokens=settings.big_conversation_tokens,
-        conversations=result.conversations,
-        top=args.top,
-        sources=result.sources,
-    )
+
+    def build(result: Analysis, since: float | None, until: float | None) -> dict[str, Any]:
+        records, undated = within(dated(result), since, until)
+        windowed = since is not None or until is not None
+        rep = report.build(
+            records,
+            gap_seconds=args.gap,
+            large_prefill_tokens=settings.big_conversation_tokens,
+            # the conversations' costs are the whole log's: a window ranks by prefill time
+            conversations=None if windowed else result.conversations,
+            top=args.top,
+            sources=dict(result.sources, since=since, until=until) if windowed else result.sources,
+            history=result.records,  # a conversation may have begun before the window
+        )
+        if windowed and undated:
+            rep["unknown"].append(
+                {
+                    "what": "time",
+                    "requests": undated,
+                    "why": "left out of the time window: their server run cannot be dated (an events file "
+                    "alone, or another run follows it in the same log file)",
+                }
+            )
+        return rep
+
+    if args.compare_at is not None or args.compare_with:
+        if args.compare_with:
+            other = analyze(Inputs(args.compare_with, []), settings, Pseudonymizer(salt))
+            names = ("first logs", "--compare-with logs")
+            a, b = build(result, args.since, args.until), build(other, args.since, args.until)
+        else:
+            at = datetime.fromtimestamp(args.compare_at).isoformat(timespec="seconds")
+            names = (f"before {at}", f"from {at}")
+            until_a = args.compare_at if args.until is None else min(args.until, args.compare_at)
+            since_b = args.compare_at if args.since is None else max(args.since, args.compare_at)
+            a, b = build(result, args.since, until_a), build(result, since_b, args.until)
+        out = {
+            "json": lambda: json.dumps({"compare": list(names), "a": a, "b": b}, indent=2) + "\n",
+            "text": lambda: report.comparison_text(a, b, names, markdown=False),
+            "markdown": lambda: report.comparison_text(a, b, names, markdown=True),
+            "csv": lambda: report.to_csv(a, names[0]) + report.to_csv(b, names[1], header=False),
+        }[args.format]()
+        sys.stdout.write(out)
+        return 0
+    rep = build(result, args.since, args.until)
     out = {
         "json": lambda: json.dumps(rep, indent=2) + "\n",
         "text": lambda: report.to_text(rep),

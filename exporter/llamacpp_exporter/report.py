@@ -77,18 +77,22 @@ def _miss_table(records: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
     return {p: {lo: rate(num[p, lo], den[p, lo]) for lo in RATE_LORA} for p in RATE_PATHS}
 
 
-def could_have_hit(records: list[dict], gap_seconds: float) -> tuple[list[dict], dict[str, int]]:
+def could_have_hit(
+    records: list[dict], gap_seconds: float, history: list[dict] | None = None
+) -> tuple[list[dict], dict[str, int]]:
     """The records that could have hit the cache, and how many each exclusion removed (each
-    request counted under its first exclusion, in the order of EXCLUSIONS)."""
+    request counted under its first exclusion, in the order of EXCLUSIONS). history: all the
+    records, when `records` is a time window of them (a conversation may begin before it)."""
     excluded: Counter = Counter()
     kept = []
+    wanted = {id(r) for r in records}
     previous: dict[str, dict] = {}  # conversation -> its previous request
-    for r in sorted(records, key=lambda r: (r.get("epoch", 0), r.get("start_us") or 0)):
+    for r in sorted(history or records, key=lambda r: (r.get("epoch", 0), r.get("start_us") or 0)):
         conv = r.get("conversation")
         prev = previous.get(conv) if conv is not None else None
         if conv is not None:
             previous[conv] = r
-        if r.get("outcome") is None:
+        if r.get("outcome") is None or id(r) not in wanted:
             continue
         if conv is None:
             reason = "conversation_unknown"
@@ -119,6 +123,7 @@ def build(
     conversations: list[dict] | None = None,
     top: int = 10,
     sources: dict[str, Any] | None = None,
+    history: list[dict] | None = None,
 ) -> dict[str, Any]:
     """The whole report from the records (and, when the log was read, the pipeline's
     conversation costs)."""
@@ -177,7 +182,7 @@ def build(
             for lo in (r.get("lora", "unknown"), "all"):
                 restores[lo][res] = restores[lo].get(res, 0) + 1
 
-    chh, excluded = could_have_hit(records, gap_seconds)
+    chh, excluded = could_have_hit(records, gap_seconds, history)
     prefill = defaultdict(list)
     for r in records:
         if r.get("prefill_seconds") is not None:
@@ -433,9 +438,60 @@ def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
         yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
 
 
-def to_csv(rep: dict[str, Any]) -> str:
+def to_csv(rep: dict[str, Any], set_name: str | None = None, header: bool = True) -> str:
+    """One row per figure; with set_name (a comparison) a first column names the report."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    for row in csv_rows(rep):
+    for i, row in enumerate(csv_rows(rep)):
+        if i == 0 and not header:
+            continue
+        if set_name is not None:
+            row = ["set" if i == 0 else set_name, *row]
         w.writerow(["" if v is None else v for v in row])
     return buf.getvalue()
+
+
+# ------------------------------------------------------------------ two reports side by side
+def comparison_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[str]]:
+    """The headline figures of two reports (two windows, or two log sets: before and after a
+    fix), each with its counts."""
+    rows = [["requests", str(a["requests"]["total"]), str(b["requests"]["total"])]]
+    for title, key in (("miss rate", "miss_rate"), ("could-have-hit miss rate", None)):
+        ta = a[key] if key else a["could_have_hit"]["miss_rate"]
+        tb = b[key] if key else b["could_have_hit"]["miss_rate"]
+        states = [lo for lo in LORA_STATES if ta["all"][lo]["denominator"] or tb["all"][lo]["denominator"]]
+        for path in ("all", "ram", "slot"):
+            for lo in [*states, "all"] if len(states) > 1 else ["all"]:
+                ra, rb = ta[path][lo], tb[path][lo]
+                if ra["denominator"] or rb["denominator"]:
+                    rows.append([f"{title}, {path} paths, LoRA {lo}", fmt_rate(ra), fmt_rate(rb)])
+    for res in ("discarded_lora_wrongful", "discarded_lora_unknown", "kept"):
+        rows.append([f"RAM-cache restores {res}", str(a["restores"]["all"][res]), str(b["restores"]["all"][res])])
+    for q in ("p50", "p90"):
+        rows.append(
+            [f"prefill duration {q} (s)", _secs(a["prefill_seconds"]["all"][q]), _secs(b["prefill_seconds"]["all"][q])]
+        )
+    for name, label in (
+        ("while_another_slot_prefilled", "while another slot prefilled"),
+        ("no_concurrent_prefill", "no concurrent prefill"),
+    ):
+        pa, pb = a["time_per_output_token_seconds"][name], b["time_per_output_token_seconds"][name]
+        rows.append([f"time per output token p50 (s), {label}", _secs(pa["p50"]), _secs(pb["p50"])])
+    rows.append(["small-task takeovers", str(a["small_task_takeovers"]), str(b["small_task_takeovers"])])
+    return rows
+
+
+def comparison_text(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str], markdown: bool) -> str:
+    header = ["figure", *names]
+    rows = comparison_rows(a, b)
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|---|---|---|"]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        widths = [max(len(x) for x in col) for col in zip(header, *rows, strict=True)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in [header, *rows]]
+    lines.append("")
+    lines.append("* small sample (fewer than 30 requests)")
+    for n, rep in zip(names, (a, b), strict=True):
+        lines.extend(f"{n}: {u}" for u in _unknown_lines(rep))
+    return "\n".join(lines) + "\n"
