@@ -16,12 +16,13 @@ import time
 from pathlib import Path
 
 import httpx
+import matplotlib.image
 import pytest
 from promql import Prometheus, dashboard_expressions
 from realserver import ExporterProcess, free_port, wait_for
 from support import expected_from_truth, samples, truths
 
-from llamacpp_exporter import analyze, report
+from llamacpp_exporter import analyze, plots, report
 from llamacpp_exporter.classify import outcome
 from llamacpp_exporter.finish import AssemblySettings
 from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
@@ -435,3 +436,30 @@ def test_two_log_sets_compared_side_by_side(capsys):
     assert analyze.main([first, "--compare-with", second]) == 0
     text = capsys.readouterr().out
     assert report.fmt_rate(both["b"]["miss_rate"]["all"]["all"]) in text
+
+
+# ------------------------------------------------------------------ charts
+def test_the_miss_rate_chart_plots_the_reports_counts():
+    result = analyze.analyze(
+        analyze.Inputs([str(LOGS / "lv4-np2-text.log")], []), AssemblySettings(min_prompt_tokens=1)
+    )
+    dated = analyze.dated(result)
+    xs, _ = plots.time_axis(dated)
+    bins = plots.miss_rate_bins(xs, [r for _, r in dated])
+    rep = report.build(result.records)
+    for lora in LORA_STATES:
+        want = rep["miss_rate"]["all"][lora]
+        assert (sum(b[1] for b in bins[lora]), sum(b[2] for b in bins[lora])) == (
+            want["numerator"],
+            want["denominator"],
+        )
+    assert len(bins["unknown"]) > 1
+
+
+def test_plot_writes_the_three_charts(tmp_path, capsys):
+    out = tmp_path / "charts"
+    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--plot", str(out), "--min-prompt-tokens", "1"]) == 0
+    for name in ("miss-rate.png", "prefill.png", "time-per-output-token.png"):
+        image = matplotlib.image.imread(out / name)
+        assert image.shape[0] >= 400 and image.shape[1] >= 700, name
+    assert "chart written" in capsys.readouterr().err

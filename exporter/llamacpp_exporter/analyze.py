@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
-from . import report
+from . import plots, report
 from .classify import outcome
 from .config import ConversationsConfig, read_salt
 from .conversations import ConversationCosts, Pseudonymizer
@@ -338,6 +338,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a label on every backfilled series (default job=llamacpp instance=backfill; give the live "
         "exporter's instance to continue its series)",
     )
+    ap.add_argument(
+        "--plot",
+        metavar="DIR",
+        help="write PNG charts to DIR: miss rate over time by LoRA state, prefill durations, time per output "
+        "token with and without another slot's prefill (needs matplotlib: pip install 'llamacpp-exporter[plot]')",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress line on large inputs")
     return ap
 
@@ -366,6 +372,11 @@ def main(argv: list[str]) -> int:
     if args.openmetrics and not (args.logs and 0.001 <= args.openmetrics_step <= 86400):
         print("llamacpp-exporter analyze: --openmetrics needs log files and a step between 0.001 and 86400 s",
               file=sys.stderr)  # fmt: skip
+        return 2
+    if args.plot and not plots.available():
+        print(
+            "llamacpp-exporter analyze: --plot needs matplotlib: pip install 'llamacpp-exporter[plot]'", file=sys.stderr
+        )
         return 2
     missing = [p for p in [*args.logs, *args.events] if not Path(p).is_file()]
     if missing:
@@ -446,6 +457,15 @@ def main(argv: list[str]) -> int:
         sys.stdout.write(out)
         return 0
     rep = build(result, args.since, args.until)
+    if args.plot:
+        window = [
+            (t, r)
+            for t, r in dated(result)
+            if (args.since is None or (t is not None and t >= args.since))
+            and (args.until is None or (t is not None and t < args.until))
+        ]
+        for path in plots.draw(args.plot, window):
+            print(f"analyze: chart written to {path}", file=sys.stderr)
     out = {
         "json": lambda: json.dumps(rep, indent=2) + "\n",
         "text": lambda: report.to_text(rep),
