@@ -26,13 +26,16 @@ def time_axis(dated: list[tuple[float | None, dict[str, Any]]]) -> tuple[list[An
     return list(range(len(dated))), "request, in log order"
 
 
-def miss_rate_bins(xs: list[Any], records: list[dict[str, Any]], bins: int = BINS) -> dict[str, list[tuple]]:
+def miss_rate_bins(xs: list[Any], records: list[dict[str, Any]], bins: int | None = None) -> dict[str, list[tuple]]:
     """For each LoRA state: (x of the bin's first request, misses, requests with an outcome)
-    over equal shares of the x range. Only bins with requests."""
+    over equal shares of the x range (about ten requests a bin, at most BINS). Only bins with
+    requests."""
     points = [(x, r) for x, r in zip(xs, records, strict=True) if r.get("outcome") is not None]
     out: dict[str, list[tuple]] = {lo: [] for lo in LORA_STATES}
     if not points:
         return out
+    if bins is None:
+        bins = max(1, min(BINS, len(points) // 10))
     points.sort(key=lambda p: p[0])
     lo_x, hi_x = points[0][0], points[-1][0]
     span = hi_x - lo_x
