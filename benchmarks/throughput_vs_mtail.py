@@ -3,8 +3,9 @@
 Builds a log of at least a million lines from recorded real llama-server -lv 4 logs (the
 requests of each recording appended again and again to one server process: timestamps and task
 ids shifted, so the assembler sees one long run), then reads it with Debian's mtail
-(`--one_shot`, benchmarks/llama_facts.mtail: the same per-line facts as our parser) and with the
-exporter's whole pipeline (parse, assemble every request, metrics). Prints lines per second,
+(`--one_shot`, benchmarks/llama_facts.mtail: the same per-line facts as our parser), with the
+exporter's whole pipeline (parse, assemble every request, metrics), and with `llamacpp-exporter
+analyze` (the same pipeline, plus its report). Prints lines per second,
 CPU seconds, peak memory and the ratio. Not a pass/fail test: absolute figures do not travel
 between machines, the ratio does.
 
@@ -14,6 +15,7 @@ Usage: .venv/bin/python benchmarks/throughput_vs_mtail.py [--lines N] [--runs K]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -120,15 +122,28 @@ def main() -> int:
         mtail_cmd = [mtail, "--one_shot", "--one_shot_format=prometheus", "--logtostderr"]
         mtail_cmd += ["--progs", str(HERE / "llama_facts.mtail"), "--logs", str(log)]
         ours_cmd = [sys.executable, "-c", REPLAY, str(log)]
-        rows: dict[str, list[tuple[float, float, int]]] = {"mtail": [], "exporter": []}
-        for _ in range(args.runs):  # alternating, so that a busy spell hits both
-            for name, cmd in (("mtail", mtail_cmd), ("exporter", ours_cmd)):
+        analyze_cmd = [
+            sys.executable,
+            "-m",
+            "llamacpp_exporter",
+            "analyze",
+            str(log),
+            "--format",
+            "json",
+            "--no-progress",
+        ]
+        rows: dict[str, list[tuple[float, float, int]]] = {"mtail": [], "exporter": [], "analyze": []}
+        for _ in range(args.runs):  # alternating, so that a busy spell hits all
+            for name, cmd in (("mtail", mtail_cmd), ("exporter", ours_cmd), ("analyze", analyze_cmd)):
                 wall, cpu, rss, out = run(cmd)
                 rows[name].append((wall, cpu, rss))
                 if name == "exporter":
                     records, restarts = map(int, out.split())
+                if name == "analyze":
+                    analyzed = json.loads(out)["requests"]["total"]
         launched = sum(1 for line in open(log) if "processing task, is_child = 0" in line)
         print(f"exporter: {records} request records of {launched} launched, {restarts} server restarts seen")
+        print(f"analyze (the whole command, report included): {analyzed} requests")
         print(f"{'':10} {'lines/s (best, worst)':>26} {'CPU s (best)':>13} {'peak RSS':>10}")
         best = {}
         for name, r in rows.items():

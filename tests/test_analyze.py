@@ -486,3 +486,13 @@ def test_the_readmes_report_is_what_analyze_prints(capsys):
     name = LOGS / "lv4-np2-lora-events"
     assert analyze.main([f"{name}.log", "--events", f"{name}.events.jsonl", "--min-prompt-tokens", "1"]) == 0
     assert shown in capsys.readouterr().out
+
+
+def test_a_large_input_shows_its_progress_on_a_terminal(capsys):
+    bar = analyze._Progress(analyze.PROGRESS_BYTES * 2, enabled=True)
+    bar.show(analyze.PROGRESS_BYTES)
+    bar.close()
+    assert "50.0% of" in capsys.readouterr().err
+    quiet = analyze._Progress(analyze.PROGRESS_BYTES // 2, enabled=True)  # small input: no bar
+    quiet.show(1)
+    assert capsys.readouterr().err == ""

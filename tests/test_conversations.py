@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support import SALT, by_timings, grouping_accuracy, log_lines, replay, truths
 
@@ -220,3 +221,32 @@ def test_a_client_reusing_a_conversation_prefix_under_its_own_id_keeps_its_id():
     (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, "conv-a"), invented_task(2, 1, lcp(1.0), "conv-b"))
     ps = Pseudonymizer(SALT)
     assert (a, sa, b, sb) == (ps("id:conv-a"), "header", ps("id:conv-b"), "header")
+
+
+def test_the_scrapes_top_and_other_equal_the_sums_of_every_conversations_buckets():
+    """The scrape reads running window totals (lazily expired) instead of summing every
+    bucket of every conversation; over random traffic, clock steps, expiry and evictions they
+    must equal the full sums of the snapshot."""
+    import random
+
+    rnd = random.Random(5)
+    now = [10_000.0]
+    costs = ConversationCosts(window_seconds=300, top_n=3, max_conversations=25, clock=lambda: now[0])
+    for step in range(3000):
+        now[0] += rnd.choice((0.5, 3.0, 20.0, 90.0 if step % 97 == 0 else 1.0))
+        name = f"c{rnd.randrange(40)}"
+        if rnd.random() < 0.7:
+            costs.request(rec(name, wasted=rnd.randrange(50)))
+        else:
+            costs.cost(name, rnd.random() * 2)
+        if step % 50 == 0:
+            rows = costs.snapshot()
+            top, rest = costs.top()
+            assert [r["conversation"] for r in top] == [r["conversation"] for r in rows[:3]]
+            for key in ("prefill_seconds", "cost_to_others_seconds", "wasted_prompt_tokens", "requests"):
+                assert rest[key] == pytest.approx(sum(r[key] for r in rows[3:]), abs=1e-6 * len(rows)), key  # rounding
+            full = {r["conversation"]: r for r in rows}
+            for name_, c in costs._convs.items():
+                if name_ in full:
+                    want = [sum(b[i] for b in c.buckets) for i in (1, 2, 3, 4)]
+                    assert c.totals == pytest.approx(want, abs=1e-9)

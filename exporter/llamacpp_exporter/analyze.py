@@ -383,7 +383,6 @@ def main(argv: list[str]) -> int:
         print(f"llamacpp-exporter analyze: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="llamacpp-exporter analyze: %(message)s")
-    logging.getLogger("llamacpp_exporter").setLevel(logging.WARNING)
     salt = read_salt(ConversationsConfig())
     settings = AssemblySettings(min_prompt_tokens=args.min_prompt_tokens)
     result = analyze(

@@ -12,12 +12,13 @@ the top-N metrics, the JSON API and ``llamacpp-exporter top``.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import hmac
 import secrets
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,9 @@ class Pseudonymizer:
 @dataclass(slots=True)
 class _Conversation:
     buckets: deque = field(default_factory=deque)  # [minute, prefill_s, cost_s, wasted, requests]
+    # the sums of the buckets still in the window (prefill_s, cost_s, wasted, requests): a
+    # scrape reads them instead of summing every bucket of every conversation
+    totals: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])
     slot: int | None = None
     prompt_tokens: int | None = None
     reused_tokens: int | None = None
@@ -72,7 +76,8 @@ class ConversationCosts:
         self.max_conversations = max_conversations
         self.clock = clock
         self._lock = threading.Lock()
-        self._convs: OrderedDict[str, _Conversation] = OrderedDict()
+        self._convs: OrderedDict[str, _Conversation] = OrderedDict()  # least recently seen first
+        self._all: deque = deque()  # the tracked conversations' buckets summed per minute
         self._tpot: dict[str, deque] = {"prefill": deque(), "none": deque()}  # [minute, sum_s, n]
 
     # ------------------------------------------------------------ updates (pipeline thread)
@@ -81,11 +86,26 @@ class ConversationCosts:
         if c is None:
             c = self._convs[name] = _Conversation()
             while len(self._convs) > self.max_conversations:
-                self._convs.popitem(last=False)
+                _, gone = self._convs.popitem(last=False)
+                for b in gone.buckets:  # no longer tracked: out of "other" too
+                    g = next((x for x in self._all if x[0] == b[0]), None)
+                    if g is not None:
+                        for i in range(1, 5):
+                            g[i] -= b[i]
         else:
             self._convs.move_to_end(name)
         c.last_seen = now
         return c
+
+    def _add(self, c: _Conversation, now: float, i: int, amount: float) -> None:
+        """Add to field i (1 prefill_s, 2 cost_s, 3 wasted, 4 requests) of this minute."""
+        b = _bucket(c, now)
+        b[i] += amount
+        c.totals[i - 1] += amount
+        g = self._all
+        if not g or g[-1][0] < b[0]:
+            g.append([b[0], 0.0, 0.0, 0, 0])
+        g[-1][i] += amount
 
     def request(self, rec: RequestRecord) -> None:
         now = self.clock()
@@ -101,52 +121,86 @@ class ConversationCosts:
             if rec.conversation is None:
                 return
             c = self._conv(rec.conversation, now)
-            b = _bucket(c, now)
-            b[1] += rec.prefill_seconds or 0.0
-            b[3] += rec.wasted_prompt_tokens or 0
-            b[4] += 1
+            self._add(c, now, 1, rec.prefill_seconds or 0.0)
+            self._add(c, now, 3, rec.wasted_prompt_tokens or 0)
+            self._add(c, now, 4, 1)
             c.slot, c.prompt_tokens, c.reused_tokens = rec.slot, rec.prompt_tokens, rec.reused_tokens
             if rec.miss_cause:
                 c.miss_cause = rec.miss_cause
-            self._expire(c.buckets, now)
+            self._expire_conv(c, self._oldest(now))
 
     def cost(self, conversation: str, seconds: float) -> None:
         now = self.clock()
         with self._lock:
             c = self._conv(conversation, now)
-            _bucket(c, now)[2] += seconds
-            self._expire(c.buckets, now)
+            self._add(c, now, 2, seconds)
+            self._expire_conv(c, self._oldest(now))
+
+    def _oldest(self, now: float) -> int:
+        return int((now - self.window) // BUCKET_SECONDS)
 
     def _expire(self, buckets: deque, now: float) -> None:
-        oldest = int((now - self.window) // BUCKET_SECONDS)
+        oldest = self._oldest(now)
         while buckets and buckets[0][0] < oldest:
             buckets.popleft()
+
+    @staticmethod
+    def _expire_conv(c: _Conversation, oldest: int) -> None:
+        while c.buckets and c.buckets[0][0] < oldest:
+            b = c.buckets.popleft()
+            for i in range(4):
+                c.totals[i] -= b[i + 1]
+
+    def _active(self, now: float) -> Iterator[tuple[str, _Conversation]]:
+        """The conversations with a bucket in the window, most recently seen first, their
+        totals brought up to date; stops at the first one seen before the window."""
+        oldest = self._oldest(now)
+        while self._all and self._all[0][0] < oldest:
+            self._all.popleft()
+        for name in reversed(self._convs):
+            c = self._convs[name]
+            if int(c.last_seen // BUCKET_SECONDS) < oldest:
+                return
+            self._expire_conv(c, oldest)
+            yield name, c
+
+    def top(self) -> tuple[list[dict[str, Any]], dict[str, float]]:
+        """The top_n conversations by cost to the others (then prefill time, then name), and
+        the rest summed: what a scrape needs, without summing every conversation's buckets."""
+        now = self.clock()
+        with self._lock:
+            ranked = heapq.nsmallest(
+                self.top_n, ((-c.totals[1], -c.totals[0], name, c) for name, c in self._active(now))
+            )
+            rows = [self._row(name, c, now) for _, _, name, c in ranked]
+            every = [sum(b[i] for b in self._all) for i in range(1, 5)]
+        rest = {
+            key: max(0.0, round(every[i] - sum(r[key] for r in rows), 6))
+            for i, key in enumerate(("prefill_seconds", "cost_to_others_seconds", "wasted_prompt_tokens", "requests"))
+        }
+        return rows, rest
+
+    @staticmethod
+    def _row(name: str, c: _Conversation, now: float) -> dict[str, Any]:
+        return {
+            "conversation": name,
+            "slot": c.slot,
+            "requests": int(c.totals[3]),
+            "prompt_tokens": c.prompt_tokens,
+            "reused_tokens": c.reused_tokens,
+            "prefill_seconds": round(c.totals[0], 6),
+            "wasted_prompt_tokens": int(c.totals[2]),
+            "cost_to_others_seconds": round(c.totals[1], 6),
+            "last_miss_cause": c.miss_cause,
+            "last_seen_seconds_ago": round(now - c.last_seen, 1),
+        }
 
     # ------------------------------------------------------------ reads (any thread)
     def snapshot(self) -> list[dict[str, Any]]:
         """Every conversation active in the window, most costly to the others first."""
         now = self.clock()
-        oldest = int((now - self.window) // BUCKET_SECONDS)
-        rows = []
         with self._lock:
-            for name, c in self._convs.items():
-                bs = [b for b in c.buckets if b[0] >= oldest]
-                if not bs:
-                    continue
-                rows.append(
-                    {
-                        "conversation": name,
-                        "slot": c.slot,
-                        "requests": sum(b[4] for b in bs),
-                        "prompt_tokens": c.prompt_tokens,
-                        "reused_tokens": c.reused_tokens,
-                        "prefill_seconds": round(sum(b[1] for b in bs), 6),
-                        "wasted_prompt_tokens": sum(b[3] for b in bs),
-                        "cost_to_others_seconds": round(sum(b[2] for b in bs), 6),
-                        "last_miss_cause": c.miss_cause,
-                        "last_seen_seconds_ago": round(now - c.last_seen, 1),
-                    }
-                )
+            rows = [self._row(name, c, now) for name, c in self._active(now)]
         rows.sort(key=lambda r: (-r["cost_to_others_seconds"], -r["prefill_seconds"], r["conversation"]))
         return rows
 
@@ -177,9 +231,9 @@ class ConversationCollector(Collector):
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
         try:
-            rows = self.costs.snapshot()
+            top, rest = self.costs.top()
         except Exception:
-            rows = []
+            top, rest = [], {}
         w = int(self.costs.window)
         fams = {
             "cost_to_others_seconds": GaugeMetricFamily(
@@ -204,9 +258,8 @@ class ConversationCollector(Collector):
                 labels=["conversation"],
             ),
         }
-        top, rest = rows[: self.costs.top_n], rows[self.costs.top_n :]
         for key, fam in fams.items():
             for r in top:
                 fam.add_metric([r["conversation"]], r[key])
-            fam.add_metric([OTHER], sum(r[key] for r in rest))
+            fam.add_metric([OTHER], rest.get(key, 0.0))
         return list(fams.values())
