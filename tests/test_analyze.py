@@ -496,3 +496,15 @@ def test_a_large_input_shows_its_progress_on_a_terminal(capsys):
     quiet = analyze._Progress(analyze.PROGRESS_BYTES // 2, enabled=True)  # small input: no bar
     quiet.show(1)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("name", ["lv4-np2-text", "lv4-np2-slow-machine", "lv4-np2-lora-events"])
+def test_the_size_of_a_concurrent_prefill_is_one_the_server_reported(name):
+    """Each record's largest concurrent prefill is the prompt_n of another response."""
+    result = analyze.analyze(analyze.Inputs([str(LOGS / f"{name}.log")], []))
+    sizes = {t["prompt_n"] for t in truths(f"{name}.truth.jsonl")}
+    seen = [r["overlapping_prefill_tokens"] for r in result.records if r["overlapping_prefill_tokens"]]
+    assert seen and set(seen) <= sizes
+    rep = report.build(result.records)
+    tp = rep["time_per_output_token_seconds"]
+    assert tp["while_a_large_prefill_ran"]["count"] <= tp["while_another_slot_prefilled"]["count"]

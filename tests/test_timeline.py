@@ -71,3 +71,17 @@ def test_settled_before_agrees_with_every_prefill_being_checked(ops, end):
         for s in range(2):
             brute = all(p.exact or p.start >= end for sid, pf in t.slots.items() if sid != s for p in pf)
             assert t.settled_before(s, end) == brute
+
+
+def test_the_largest_overlapping_prefill_is_the_biggest_other_slot_prefill_in_the_span():
+    t = PrefillTimeline()
+    t.launched(1, 10, 0)
+    t.timed(1, 10, 0, 100, tokens=4000)  # slot 1: a large prefill 0-100
+    t.launched(2, 11, 150)
+    t.timed(2, 11, 150, 200, tokens=300)  # slot 2: a small one 150-200
+    t.launched(3, 12, 400)  # slot 3: running, size not known yet
+    assert t.largest_overlapping(0, 50, 180) == 4000
+    assert t.largest_overlapping(0, 120, 300) == 300
+    assert t.largest_overlapping(0, 210, 390) == 0  # nothing ran
+    assert t.largest_overlapping(0, 300, 500) is None  # the running one's size is unknown
+    assert t.largest_overlapping(1, 50, 180) == 300  # its own slot does not count

@@ -296,7 +296,7 @@ class Assembler:
         d.decode_end_us = self.clock.now
         if d.prefill_seconds is not None:
             prefill_start = d.decode_start_us - int(d.prefill_seconds * 1_000_000)
-            self.prefills.timed(ev.slot, d.task, prefill_start, d.decode_start_us)
+            self.prefills.timed(ev.slot, d.task, prefill_start, d.decode_start_us, d.prefill_tokens)
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_released(self, ev: p.TaskReleased) -> None:

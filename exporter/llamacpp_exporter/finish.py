@@ -145,12 +145,13 @@ class Finisher:
             if miss_cause == "no_cache_entry":
                 miss_cause = "evicted"
         # other slots' prefills during this request's decoding, charged to their conversations
-        overlap, contention, slowed_by = 0.0, None, None
+        overlap, contention, slowed_by, largest = 0.0, None, None, None
         if d.decode_start_us is not None and d.decode_end_us is not None and d.decode_seconds:
             overlaps = list(self._overlapping(d))
             slowed_by = self.attribution.charge(overlaps)
             overlap = union_us([(lo, hi) for _, lo, hi in overlaps]) / 1e6
             contention = "prefill" if overlap / d.decode_seconds > st.contention_fraction else "none"
+            largest = self.prefills.largest_overlapping(d.slot, d.decode_start_us, d.decode_end_us)
         self.emit(
             RequestRecord(
                 epoch=d.epoch,
@@ -183,6 +184,7 @@ class Finisher:
                 time_per_output_token_seconds=d.time_per_output_token_seconds,
                 overlap_seconds=overlap,
                 contention=contention,
+                overlapping_prefill_tokens=largest,
                 conversation=conv,
                 conversation_source=conv_source,
                 wasted_prompt_tokens=wasted,

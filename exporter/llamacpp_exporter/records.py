@@ -60,6 +60,9 @@ class RequestRecord:
     time_per_output_token_seconds: float | None = None
     overlap_seconds: float = 0.0
     contention: str | None = None
+    # the largest prefill (prompt tokens computed) of another slot during its decoding: 0 for
+    # none, None when unknown
+    overlapping_prefill_tokens: int | None = None
     conversation: str | None = None  # pseudonym: salted HMAC of the header id, or of a lineage root
     # "header" (its X-Conversation-Id), "lineage" (it sent none: cache lineage), "uncertain"
     # (the log cannot prove which request it was; conversation is None), None for child tasks

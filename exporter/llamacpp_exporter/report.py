@@ -188,10 +188,19 @@ def build(
         if r.get("prefill_seconds") is not None:
             prefill[r.get("path", "unknown")].append(r["prefill_seconds"])
             prefill["all"].append(r["prefill_seconds"])
-    tpot: dict[str, list[float]] = {"prefill": [], "none": []}
+    tpot: dict[str, list[float]] = {"prefill": [], "none": [], "large": []}
+    large_unknown = 0
     for r in records:
-        if r.get("time_per_output_token_seconds") is not None and r.get("contention") in tpot:
-            tpot[r["contention"]].append(r["time_per_output_token_seconds"])
+        v, c = r.get("time_per_output_token_seconds"), r.get("contention")
+        if v is None or c not in ("prefill", "none"):
+            continue
+        tpot[c].append(v)
+        if c == "prefill":
+            size = r.get("overlapping_prefill_tokens")
+            if size is None:
+                large_unknown += 1
+            elif size >= large_prefill_tokens:
+                tpot["large"].append(v)
     large = [r for r in records if (r.get("prefill_tokens") or 0) >= large_prefill_tokens]
 
     report: dict[str, Any] = {
@@ -222,7 +231,10 @@ def build(
         "large_prefills": {"min_tokens": large_prefill_tokens, "count": len(large)},
         "time_per_output_token_seconds": {
             "while_another_slot_prefilled": percentiles(tpot["prefill"]),
+            "while_a_large_prefill_ran": percentiles(tpot["large"]),
             "no_concurrent_prefill": percentiles(tpot["none"]),
+            "large_prefill_tokens": large_prefill_tokens,
+            "prefill_size_unknown": large_unknown,
         },
         "small_task_takeovers": sum(1 for r in records if r.get("small_task_takeover")),
         "top_conversations": _top(records, conversations, top),
@@ -342,9 +354,17 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
             ["decoding", "count", "p50", "p90", "p99", "max"],
             [
                 pct_row("while another slot prefilled", tp["while_another_slot_prefilled"]),
+                pct_row(
+                    f"  of which a large one (>= {tp['large_prefill_tokens']} tokens)", tp["while_a_large_prefill_ran"]
+                ),
                 pct_row("no concurrent prefill", tp["no_concurrent_prefill"]),
             ],
-            f"small-task takeovers of a big conversation's slot: {rep['small_task_takeovers']}",
+            (
+                f"size of the concurrent prefill unknown for {tp['prefill_size_unknown']} requests; "
+                if tp["prefill_size_unknown"]
+                else ""
+            )
+            + f"small-task takeovers of a big conversation's slot: {rep['small_task_takeovers']}",
         )
     )
     top = rep["top_conversations"]
@@ -431,6 +451,9 @@ def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
         for k in ("count", "p50", "p90", "p99", "max"):
             yield ["prefill_seconds", p, "", k, "", "", rep["prefill_seconds"][p][k]]
     for name, pc in rep["time_per_output_token_seconds"].items():
+        if not isinstance(pc, dict):
+            yield ["time_per_output_token_seconds", "", "", name, "", "", pc]
+            continue
         for k in ("count", "p50", "p90", "p99", "max"):
             yield ["time_per_output_token_seconds", "", "", f"{name}_{k}", "", "", pc[k]]
     yield ["small_task_takeovers", "", "", "count", "", "", rep["small_task_takeovers"]]

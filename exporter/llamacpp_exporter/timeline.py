@@ -20,6 +20,7 @@ class Prefill:
     end: int | None  # None: running
     task: int
     exact: bool = False  # fixed by the server's own timings (or the release)
+    tokens: int | None = None  # prompt tokens it computed (the server's timings), when known
 
 
 class PrefillTimeline:
@@ -60,11 +61,11 @@ class PrefillTimeline:
         if last is not None and last.end is None:
             last.end = at
 
-    def timed(self, slot: int, task: int, start: int, end: int) -> None:
+    def timed(self, slot: int, task: int, start: int, end: int, tokens: int | None = None) -> None:
         """The server's timings fix the last prefill of the slot."""
         if self.slots.get(slot):
             self._settle(slot, self.slots[slot][-1])
-            self.slots[slot][-1] = Prefill(start, end, task, True)
+            self.slots[slot][-1] = Prefill(start, end, task, True, tokens)
 
     def released(self, slot: int, task: int, at: int) -> bool:
         """The task is over: its prefill is as exact as it gets. True if it was still open."""
@@ -88,6 +89,20 @@ class PrefillTimeline:
                 lo, hi = max(p.start, start), min(end if p.end is None else p.end, end)
                 if hi > lo:
                     yield p.task, lo, hi
+
+    def largest_overlapping(self, slot: int, start: int, end: int) -> int | None:
+        """The most prompt tokens computed by another slot's prefill between start and end: 0
+        when none overlapped, None when one that did has no known size."""
+        largest: int | None = 0
+        for sid, pf in self.slots.items():
+            if sid == slot:
+                continue
+            for p in pf:
+                if min(end if p.end is None else p.end, end) > max(p.start, start):
+                    if p.tokens is None:
+                        return None
+                    largest = max(largest or 0, p.tokens)
+        return largest
 
     def settled_before(self, slot: int, end: int) -> bool:
         """Every other slot's prefill that began before `end` is exact: an overlap computed now
