@@ -116,6 +116,8 @@ def test_rotated_and_compressed_files_are_read_oldest_first_as_one_log(tmp_path)
         fh.write("".join(lines[:third]))
     given = [str(tmp_path / n) for n in ("llama.log", "llama.log.1", "llama.log.2.gz")]
     assert analyze.rotation_order(given) == given[::-1]
+    dated = ["x.log", "x.log-20261129.gz", "x.log-20261128"]
+    assert analyze.rotation_order(dated) == ["x.log-20261128", "x.log-20261129.gz", "x.log"]
     settings = AssemblySettings(min_prompt_tokens=1)
     whole = json_report([str(LOGS / "lv4-np2-text.log")], settings)
     split = json_report(given, settings)

@@ -38,15 +38,22 @@ PROGRESS_BYTES = 64 << 20  # show progress on inputs larger than this
 
 
 def rotation_order(paths: list[str]) -> list[str]:
-    """Rotated files oldest first: for each base name in the order first given, x.log.3.gz,
-    x.log.2, x.log.1, then x.log (logrotate numbers the oldest highest)."""
-    groups: dict[str, list[tuple[int, str]]] = {}
+    """Rotated files oldest first, for each base name in the order first given: x.log.3.gz,
+    x.log.2, x.log.1, then x.log (logrotate numbers the oldest highest); with dateext,
+    x.log-20261128, x.log-20261129, then x.log."""
+    groups: dict[str, list[tuple[tuple[int, int], str]]] = {}
     for p in paths:
         m = _ROTATED.match(p)
         assert m is not None  # the pattern matches every string
-        n = int(m.group("n")) if m.group("n") else 0
-        groups.setdefault(m.group("base"), []).append((n, p))
-    return [p for g in groups.values() for _, p in sorted(g, key=lambda x: -x[0])]
+        digits = m.group("n") or ""
+        if not digits:
+            key = (2, 0)  # the live file: newest
+        elif len(digits) >= 8:
+            key = (1, int(digits))  # a date: older first
+        else:
+            key = (0, -int(digits))  # a number: the highest is the oldest
+        groups.setdefault(m.group("base"), []).append((key, p))
+    return [p for g in groups.values() for _, p in sorted(g)]
 
 
 def _open(path: str) -> TextIO:
