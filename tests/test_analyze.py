@@ -510,3 +510,28 @@ def test_the_size_of_a_concurrent_prefill_is_one_the_server_reported(name):
     rep = report.build(result.records)
     tp = rep["time_per_output_token_seconds"]
     assert tp["while_a_large_prefill_ran"]["count"] <= tp["while_another_slot_prefilled"]["count"]
+
+
+def test_unreadable_and_foreign_input_is_reported_never_a_crash(tmp_path, capsys):
+    """A file that is not gzip, a .gz cut short (a rotation caught mid-write), random bytes,
+    an empty file, an unwritable output: a clear message, what could be read is kept."""
+    whole = (LOGS / "lv4-np2-text.log").read_bytes()
+    cut = tmp_path / "cut.log.gz"
+    cut.write_bytes(gzip.compress(whole)[: len(gzip.compress(whole)) // 2])
+    not_gzip = tmp_path / "not.gz"
+    not_gzip.write_bytes(b"plain text, not gzip\n")
+    noise = tmp_path / "noise.log"
+    noise.write_bytes(bytes(range(256)) * 400)
+    empty = tmp_path / "empty.log"
+    empty.write_bytes(b"")
+    rep = run_json(capsys, str(cut))
+    assert 0 < rep["requests"]["total"] < 32  # the requests before the cut
+    assert any(str(cut) in u["why"] for u in rep["unknown"])
+    for path in (not_gzip, noise, empty):
+        rep = run_json(capsys, str(path))
+        assert rep["requests"]["total"] == 0
+        assert any(u["what"] == "requests" for u in rep["unknown"])
+    assert run_json(capsys, str(noise))["sources"]["log_lines_unreadable"] > 0
+    out = tmp_path / "no-such-dir" / "x.om"
+    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--openmetrics", str(out)]) == 1
+    assert "cannot write" in capsys.readouterr().err

@@ -112,16 +112,25 @@ class FileEnd:
     mtime: float
 
 
+@dataclass
+class LogReading:
+    records: list[RequestRecord]
+    pipeline: Pipeline  # its counters: lines read, unrecognized, restarts
+    lines: int
+    history: History | None  # the metrics over time, when a step was given
+    file_ends: list[FileEnd]
+    problems: list[str]  # files that could not be read to their end
+
+
 def read_logs(
     paths: list[str],
     settings: AssemblySettings,
     pseudonymize: Pseudonymizer,
     progress: bool = False,
     history_step: float | None = None,
-) -> tuple[list[RequestRecord], Pipeline, int, History | None, list[FileEnd]]:
+) -> LogReading:
     """Every file in turn through one pipeline (a rotated set is one stream; a server start
-    inside it is a new run). Returns the records, the pipeline (its counters), the lines read,
-    the metrics over time when a step is given, and where each file ended."""
+    inside it is a new run)."""
     records: list[RequestRecord] = []
     # log time only: a replay must not expire conversation costs by the wall clock
     pl = Pipeline(
@@ -139,17 +148,22 @@ def read_logs(
     a = pl.assembler
     ends = []
     n = 0
+    problems: list[str] = []
     process = pl.process_line
     for path in paths:
-        with _open(path) as fh:
-            raw = getattr(fh.buffer, "fileobj", None) or fh.buffer  # a .gz file: its compressed bytes
-            for line in fh:
-                process(line.rstrip("\r\n"), 0.0)
-                n += 1
-                if history is not None:
-                    history.at(a.epoch, a.clock.now)
-                if n & 0xFFFF == 0:
-                    bar.show(raw.tell())
+        try:
+            with _open(path) as fh:
+                raw = getattr(fh.buffer, "fileobj", None) or fh.buffer  # a .gz file: its compressed bytes
+                for line in fh:
+                    process(line.rstrip("\r\n"), 0.0)
+                    n += 1
+                    if history is not None:
+                        history.at(a.epoch, a.clock.now)
+                    if n & 0xFFFF == 0:
+                        bar.show(raw.tell())
+        except (OSError, EOFError) as e:  # a truncated .gz, a file that is not gzip: keep what was read
+            problems.append(f"{path}: {e}")
+            log.warning("%s: read up to here, the rest is unreadable: %s", path, e)
         ends.append(FileEnd(a.epoch, a.clock.last_ts, os.path.getmtime(path)))
         if history is not None:
             history.sample(a.epoch, a.clock.now, final=True)
@@ -158,7 +172,7 @@ def read_logs(
     if history is not None:
         history.sample(a.epoch, a.clock.now, final=True)
     bar.close()
-    return records, pl, n, history, ends
+    return LogReading(records, pl, n, history, ends, problems)
 
 
 def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
@@ -180,17 +194,21 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
     out: list[dict[str, Any]] = []
     bad = 0
     for path in paths:
-        with _open(path) as fh:
-            for line in fh:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    bad += 1
-                    continue
-                if not isinstance(rec, dict) or not {"epoch", "slot", "task"} <= rec.keys():
-                    bad += 1
-                    continue
-                out.append({k: v for k, v in rec.items() if k in names})
+        try:
+            with _open(path) as fh:
+                for line in fh:
+                    try:
+                        rec = json.loads(line)
+                    except ValueError:
+                        bad += 1
+                        continue
+                    if not isinstance(rec, dict) or not {"epoch", "slot", "task"} <= rec.keys():
+                        bad += 1
+                        continue
+                    out.append({k: v for k, v in rec.items() if k in names})
+        except (OSError, EOFError) as e:
+            log.warning("%s: read up to here, the rest is unreadable: %s", path, e)
+            bad += 1
     return out, bad
 
 
@@ -224,15 +242,16 @@ def analyze(
         sources["events_lines_not_records"] = bad
     if not inputs.logs:
         return Analysis(events, None, sources)
-    recs, pl, lines, history, ends = read_logs(
-        rotation_order(inputs.logs), settings, pseudonymize, progress, history_step
-    )
+    reading = read_logs(rotation_order(inputs.logs), settings, pseudonymize, progress, history_step)
+    pl, lines = reading.pipeline, reading.lines
     g = pl.registry.get_sample_value
     sources["log_lines"] = lines
     sources["log_lines_unrecognized"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unrecognized"}) or 0)
     sources["log_lines_unreadable"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unreadable"}) or 0)
     sources["server_restarts_seen"] = int(g("llamacpp_exporter_server_restarts_total") or 0)
-    records = [r.to_event() for r in recs]
+    if reading.problems:
+        sources["files_not_read_to_the_end"] = reading.problems
+    records = [r.to_event() for r in reading.records]
     if events:
         # an events record was written by an exporter that polled /slots: it knows the LoRA
         # a bare log lacks, so it stands for its task; the log adds the tasks it missed
@@ -244,7 +263,7 @@ def analyze(
                 records[i] = dict(recorded, epoch=r["epoch"])  # this reading's run numbering
                 matched += 1
         sources["events_matched_to_log"] = matched
-    return Analysis(records, pl.costs.snapshot(), sources, history, ends)
+    return Analysis(records, pl.costs.snapshot(), sources, reading.history, reading.file_ends)
 
 
 def dated(result: Analysis) -> list[tuple[float | None, dict[str, Any]]]:
@@ -407,8 +426,12 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
             )
             return 1
-        with open(args.openmetrics, "w", encoding="utf-8") as fh:
-            w = result.history.write_openmetrics(fh, wall_clock(result.file_ends), labels)
+        try:
+            with open(args.openmetrics, "w", encoding="utf-8") as fh:
+                w = result.history.write_openmetrics(fh, wall_clock(result.file_ends), labels)
+        except OSError as e:
+            print(f"llamacpp-exporter analyze: cannot write {args.openmetrics}: {e.strerror}", file=sys.stderr)
+            return 1
         note = f"analyze: {w.samples} samples written to {args.openmetrics}"
         if w.runs_without_time:
             note += (
@@ -470,8 +493,12 @@ def main(argv: list[str]) -> int:
             if (args.since is None or (t is not None and t >= args.since))
             and (args.until is None or (t is not None and t < args.until))
         ]
-        for path in plots.draw(args.plot, window):
-            print(f"analyze: chart written to {path}", file=sys.stderr)
+        try:
+            for path in plots.draw(args.plot, window):
+                print(f"analyze: chart written to {path}", file=sys.stderr)
+        except OSError as e:
+            print(f"llamacpp-exporter analyze: cannot write the charts to {args.plot}: {e.strerror}", file=sys.stderr)
+            return 1
     out = {
         "json": lambda: json.dumps(rep, indent=2) + "\n",
         "text": lambda: report.to_text(rep),

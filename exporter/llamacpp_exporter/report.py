@@ -134,6 +134,19 @@ def build(
     lora_known = sum(1 for r in records if r.get("lora") in ("none", "active"))
     diag = sum(1 for r in finished if r.get("reuse_source") == "log")
     unknowns = []
+    if not records:
+        src = sources or {}
+        unknowns.append(
+            {
+                "what": "requests",
+                "requests": 0,
+                "why": f"no request found in the input ({src.get('log_lines', 0)} log lines read, "
+                f"{src.get('log_lines_unrecognized', 0)} unrecognized, {src.get('log_lines_unreadable', 0)} not text): "
+                "is it llama-server's log?",
+            }
+        )
+    for problem in (sources or {}).get("files_not_read_to_the_end", []):
+        unknowns.append({"what": "input", "requests": 0, "why": f"read up to where it became unreadable: {problem}"})
     if records and lora_known == 0:
         unknowns.append(
             {
@@ -396,7 +409,10 @@ def _cell(v: Any) -> str:
 
 
 def _unknown_lines(rep: dict[str, Any]) -> list[str]:
-    return [f"unknown: {u['what']} for {u['requests']} requests: {u['why']}" for u in rep["unknown"]]
+    return [
+        f"unknown: {u['what']} for {u['requests']} requests: {u['why']}" if u["requests"] else f"note: {u['why']}"
+        for u in rep["unknown"]
+    ]
 
 
 def to_text(rep: dict[str, Any]) -> str:
