@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="EVENTS.jsonl",
         help="the exporter's events file (its records carry the LoRA state a bare log lacks); repeatable",
     )
-    ap.add_argument("--format", choices=("text", "markdown", "json", "csv"), default="text")
+    ap.add_argument("--format", choices=("text", "markdown", "json", "csv"), default="text", help="default text")
     ap.add_argument(
         "--gap",
         type=float,

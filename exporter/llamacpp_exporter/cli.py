@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Prometheus exporter for llama.cpp's llama-server. Tails its log, polls /slots, "
             "/metrics and /health, assembles one record per request and serves metrics. "
             "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics. "
-            "`llamacpp-exporter top --help`: the live table of conversations by cost."
+            "`llamacpp-exporter top --help`: the live table of conversations by cost. "
+            "`llamacpp-exporter analyze --help`: the investigation from logs already on disk."
         ),
     )
     a = p.add_argument
