@@ -161,7 +161,7 @@ def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
 def expected_from_truth(rows: list[dict], settings: AssemblySettings) -> dict:
     """The report's figures computed from the responses alone, independently of the exporter."""
     out: dict = {"total": len(rows), "prompt": 0, "reused": 0, "with_outcome": 0, "misses": 0}
-    out.update({"chh_considered": 0, "chh_misses": 0, "first_of_conversation": 0, "history_shrank": 0})
+    out.update({"chh_considered": 0, "chh_misses": 0, "first_of_conversation": 0, "prefix_changed": 0})
     out["conversation_unknown"] = 0  # rows whose conv is None: the log could not prove it
     by_lora: dict[str, list[int]] = {}
     previous: dict[str, dict] = {}
@@ -185,7 +185,7 @@ def expected_from_truth(rows: list[dict], settings: AssemblySettings) -> dict:
         elif prev is None:
             out["first_of_conversation"] += 1
         elif prompt < prev["cache_n"] + prev["prompt_n"]:
-            out["history_shrank"] += 1
+            out["prefix_changed"] += 1
         else:
             out["chh_considered"] += 1
             out["chh_misses"] += o == "miss"

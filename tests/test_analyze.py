@@ -55,7 +55,7 @@ def test_every_count_and_rate_equals_the_ground_truth(name, min_prompt_tokens):
     assert (every["numerator"], every["denominator"]) == (want["misses"], want["with_outcome"])
     ch = rep["could_have_hit"]
     assert ch["excluded"]["first_of_conversation"] == want["first_of_conversation"]
-    assert ch["excluded"]["history_shrank"] == want["history_shrank"]
+    assert ch["excluded"]["prefix_changed"] == want["prefix_changed"]
     assert ch["excluded"]["conversation_unknown"] == 0
     chh = ch["miss_rate"]["all"]["all"]
     assert (chh["numerator"], chh["denominator"]) == (want["chh_misses"], want["chh_considered"])
@@ -175,7 +175,7 @@ def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason():
         "conversation_unknown": 1,
         "first_of_conversation": 1,
         "after_server_restart": 1,
-        "history_shrank": 1,
+        "prefix_changed": 1,
         "after_long_gap": 1,
     }
     assert [(r["start_us"], r["outcome"]) for r in kept] == [(2_000_000, "hit"), (4_002_000_000, "miss")]
@@ -535,3 +535,25 @@ def test_unreadable_and_foreign_input_is_reported_never_a_crash(tmp_path, capsys
     out = tmp_path / "no-such-dir" / "x.om"
     assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--openmetrics", str(out)]) == 1
     assert "cannot write" in capsys.readouterr().err
+
+
+def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_prefix():
+    """Invented records: the server compared the prompt with the previous request's own state
+    (state_source_task) and kept less than 90% of the previous prompt."""
+
+    def pair(reused: int, source: int | None, **extra) -> list[dict]:
+        first = dict(rec("a", 0, 1, 2000, 0), task=7)
+        second = dict(rec("a", 2, 3, 2600, reused), task=8, state_source_task=source, **extra)
+        return [first, second]
+
+    def reason(records: list[dict]) -> dict[str, int]:
+        return report.could_have_hit(records, gap_seconds=1800)[1]
+
+    assert reason(pair(300, 7))["prefix_changed"] == 1  # rewritten: only 300 of 2000 in common
+    assert reason(pair(1999, 7))["prefix_changed"] == 0  # continues it (all but the last token)
+    assert reason(pair(300, 5))["prefix_changed"] == 0  # compared with another task's state: unknown
+    assert reason(pair(300, 7, lora_cache_cleared=True))["prefix_changed"] == 0  # a LoRA discard
+    assert reason(pair(300, 7, forced_reprocess=True))["prefix_changed"] == 0  # SWA: not the prompt's doing
+    # its own entry was only looked at in the RAM cache (the slot held another's state)
+    assert reason(pair(0, 5, compared_entries=[[7, 40], [5, 10]]))["prefix_changed"] == 1
+    assert reason(pair(0, 5, compared_entries=[[7, 1990]]))["prefix_changed"] == 0

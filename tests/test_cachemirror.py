@@ -85,3 +85,14 @@ def test_a_listing_that_does_not_match_starts_again_without_sources():
     m.close_listing()
     assert lengths(m) == [(100, None), (250, None)]
     assert m.restored([100, 999], 1) is False  # and a restore that does not match is not placed
+
+
+def test_the_lookups_candidates_are_named_by_who_computed_them_only_when_the_mirror_matches():
+    m = CacheMirror(lambda: None, lambda s: None)
+    for n, task in ((100, 1), (200, 2), (100, 3)):
+        m.save_started(n, (0, task))
+        m.commit_save()
+    assert m.sources([100, 200, 100]) == [(0, 1), (0, 2), (0, 3)]
+    assert m.sources([100, 200]) is None  # the server lists other entries: no name is guessed
+    m.obsolete_removed(100)  # which of the two 100-token entries went is not known yet
+    assert m.sources([200, 100]) is None

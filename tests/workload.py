@@ -344,3 +344,36 @@ def rotation_workload(
                     msgs = [{"role": "system", "content": f"one-shot {one_shot_no}. " + text(rng, words)}]
                     ask(f"once-{seed}-{one_shot_no}", msgs, 0)
     return out
+
+
+def rewritten_history(
+    url: str, seed: int = 31, turns: int = 7, rewrite_at: tuple[int, ...] = (3, 5)
+) -> tuple[list[Truth], int]:
+    """Two conversations taking turns on /v1/chat/completions (no LoRA). Before the turns in
+    rewrite_at each drops its oldest exchange (a sliding-window client): the new prompt leaves
+    the previous one right after the short system prompt. Returns the responses and how many
+    requests had their history rewritten."""
+    rngs = {name: random.Random(seed + i) for i, name in enumerate(("rw-a", "rw-b"))}
+    history = {name: [{"role": "system", "content": "Answer briefly."}] for name in rngs}
+    out: list[Truth] = []
+    rewritten = 0
+    clients = {name: httpx.Client(base_url=url, headers={"X-Conversation-Id": name}) for name in rngs}
+    try:
+        for turn in range(turns):
+            for name, rng in rngs.items():
+                messages = history[name]
+                if turn in rewrite_at:
+                    del messages[1:3]  # the oldest user message and its answer
+                    rewritten += 1
+                messages.append({"role": "user", "content": text(rng, rng.randint(120, 160))})
+                body = {"messages": messages, "max_tokens": 8, "temperature": 0, "cache_prompt": True}
+                t0 = time.time()
+                r = clients[name].post("/v1/chat/completions", json=body, timeout=600)
+                r.raise_for_status()
+                res = r.json()
+                messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+                out.append(_truth(name, turn, False, res["timings"], t0))
+    finally:
+        for c in clients.values():
+            c.close()
+    return out, rewritten

@@ -234,6 +234,8 @@ class Assembler:
         d = TaskDraft(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self.clock.now, is_child=ev.is_child)
         if sel is not None:
             sel.hand_over(d)
+        # whose state the prompt was compared with: the restored entry's task, else the slot's
+        d.state_source_task = (d.entry_source[1] if d.entry_source else None) if d.ram_restored else s.last_task
         if not ev.is_child:
             self.attribution.launched(ev.task, lineage_parent(sel, self.epoch, s.last_task))
         s.draft = d

@@ -68,6 +68,13 @@ class CacheMirror:
         elif same:
             self._removals_unplaced.append(n_tokens)
 
+    def sources(self, candidate_lengths: list[int]) -> list[Source | None] | None:
+        """Who computed each entry the lookup listed as candidates (in the deque's order), or
+        None when the mirror cannot tell them apart (removals not placed, or lengths differ)."""
+        if self._removals_unplaced or [e.n_tokens for e in self.entries] != candidate_lengths:
+            return None
+        return [e.source for e in self.entries]
+
     def restored(self, candidate_lengths: list[int], winner: int) -> Source | None | bool:
         """The lookup listed the entries (as candidates) and restored the winner-th: take it
         out. Its source, None if unknown; False if the mirror does not match the candidates."""

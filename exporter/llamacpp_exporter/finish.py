@@ -164,6 +164,8 @@ class Finisher:
                 reused_tokens=d.reused_tokens,
                 reuse_source=d.reuse_source,
                 slot_tokens_before=d.slot_tokens_before,
+                state_source_task=d.state_source_task,
+                compared_entries=d.compared_entries,
                 ram_consulted=d.ram_consulted,
                 ram_candidates=d.ram_candidates,
                 ram_best_f_sim=d.ram_best_f_sim,

@@ -36,6 +36,7 @@ class Selection:
     slot_tokens_before: int | None
     ram_consulted: bool = False
     candidates: list[p.CacheCandidate] | None = None
+    compared: tuple[tuple[int, int], ...] | None = None  # (task, lcp) of candidates whose task is known
     best_f_sim: float | None = None
     restored_tokens: int | None = None  # -1: restored, but which entry is not known
     restored_source: Source | None = None  # (epoch, task) that computed the entry
@@ -60,6 +61,7 @@ class Selection:
             d.offered_tokens = self.restored_lcp
         if self.method == "lcp" and self.f_sim is not None:
             d.offered_f_sim = self.f_sim
+        d.compared_entries = self.compared or ()
 
 
 class PromptCacheLog:
@@ -80,8 +82,20 @@ class PromptCacheLog:
         self.selection, self.source = None, source
 
     def launched(self, sel: Selection | None) -> None:
+        self._resolve_candidates()
         if self.selection is sel:
             self.selection = None
+
+    def _resolve_candidates(self) -> None:
+        """Once the lookup's candidates are all listed and before the deque changes (a
+        restore, an eviction, the update's listing), name the task behind each of them."""
+        sel = self.selection
+        if sel is None or not sel.candidates or sel.compared is not None:
+            return
+        sources = self.mirror.sources([c.n_tokens for c in sel.candidates])
+        sel.compared = tuple(
+            (src[1], c.lcp) for c, src in zip(sel.candidates, sources or (), strict=False) if src is not None
+        )
 
     def before(self, ev: object) -> None:
         """Any other line ends a listing, and a save (its own removals are part of it)."""
@@ -119,6 +133,7 @@ class PromptCacheLog:
             sel.best_f_sim = f
 
     def restored(self, ev: p.CacheRestored) -> None:
+        self._resolve_candidates()
         sel = self.selection
         if sel is None:
             return
@@ -138,6 +153,7 @@ class PromptCacheLog:
             sel.restored_f_keep = None
 
     def state(self, ev: p.CacheState) -> None:
+        self._resolve_candidates()
         self.sink.cache_state(ev.n_prompts, ev.size_mib * MIB, ev.limit_mib * MIB)
         self.mirror.listing_started(ev.n_prompts)
 
@@ -148,6 +164,7 @@ class PromptCacheLog:
         self.sink.cache_update_duration(ev.ms / 1000.0)
 
     def evicted(self, ev: p.CacheEvicted) -> None:
+        self._resolve_candidates()
         self.mirror.evicted(ev.making_room)
         self.sink.cache_evicted(ev.size_mib * MIB)
 

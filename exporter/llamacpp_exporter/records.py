@@ -40,6 +40,10 @@ class RequestRecord:
     reused_tokens: int | None = None
     reuse_source: str | None = None  # "log" (-lv 4) or "slots" (/slots while running)
     slot_tokens_before: int | None = None  # what the slot held when it was selected
+    state_source_task: int | None = None  # the task whose state the prompt was compared with
+    # (task, common prefix) of each RAM-cache entry the lookup compared the prompt with, where
+    # the task that computed the entry is known
+    compared_entries: tuple[tuple[int, int], ...] = ()
     ram_consulted: bool = False
     ram_candidates: int = 0
     ram_best_f_sim: float | None = None
@@ -94,6 +98,8 @@ class TaskDraft:
     reused_tokens: int | None = None
     reuse_source: str | None = None
     slot_tokens_before: int | None = None
+    state_source_task: int | None = None
+    compared_entries: tuple[tuple[int, int], ...] = ()
     ram_consulted: bool = False
     ram_candidates: int = 0
     ram_best_f_sim: float | None = None

@@ -24,14 +24,15 @@ EXCLUSIONS = (
     "conversation_unknown",  # no conversation id and no cache lineage: its history is unknown
     "first_of_conversation",
     "after_server_restart",  # the server's caches were empty
-    "history_shrank",  # shorter than the conversation's previous prompt: summarised or rewritten
+    "prefix_changed",  # the conversation's history was summarised or rewritten
     "after_long_gap",
 )
 EXCLUSION_TEXT = {
     "conversation_unknown": "conversation unknown (no id, no cache lineage)",
     "first_of_conversation": "first request of its conversation",
     "after_server_restart": "first of its conversation after a server restart",
-    "history_shrank": "prompt shorter than the conversation's previous one (history summarised or rewritten)",
+    "prefix_changed": "its conversation's history changed (summarised or rewritten: a prompt shorter than the "
+    "previous one, or one that left the previous request's tokens early)",
     "after_long_gap": "after a pause longer than the gap",
 }
 
@@ -100,8 +101,8 @@ def could_have_hit(
             reason = "first_of_conversation"
         elif prev.get("epoch") != r.get("epoch"):
             reason = "after_server_restart"
-        elif (r.get("prompt_tokens") or 0) < (prev.get("prompt_tokens") or 0):
-            reason = "history_shrank"
+        elif _prefix_changed(r, prev):
+            reason = "prefix_changed"
         elif (
             prev.get("end_us") is not None
             and r.get("start_us") is not None
@@ -113,6 +114,29 @@ def could_have_hit(
             continue
         excluded[reason] += 1
     return kept, {k: excluded[k] for k in EXCLUSIONS}
+
+
+def _prefix_changed(r: dict, prev: dict) -> bool:
+    """The request does not continue its conversation's previous one: its prompt is shorter
+    than the previous prompt, or the server compared it with the previous request's own state
+    (on the slot, its RAM-cache entry restored or only looked at) and it left those tokens
+    before 90% of the previous prompt (a retry of the same prompt keeps all but the last token)."""
+    prompt, before = r.get("prompt_tokens") or 0, prev.get("prompt_tokens") or 0
+    if prompt < before:
+        return True
+    # the RAM-cache lookup compared it with the previous request's saved entry
+    for task, lcp in r.get("compared_entries") or ():
+        if task == prev.get("task") and lcp < 0.9 * before:
+            return True
+    reused = r.get("reused_tokens")
+    return (
+        r.get("state_source_task") is not None
+        and r.get("state_source_task") == prev.get("task")
+        and reused is not None
+        and not r.get("forced_reprocess")
+        and not r.get("lora_cache_cleared")
+        and reused < 0.9 * before
+    )
 
 
 def build(
