@@ -56,6 +56,15 @@ def rotation_order(paths: list[str]) -> list[str]:
     return [p for g in groups.values() for _, p in sorted(g)]
 
 
+def _why(e: BaseException) -> str:
+    """A read error in words of our own: gzip's own message quotes the file's first bytes."""
+    if isinstance(e, gzip.BadGzipFile):
+        return "not a gzip file"
+    if isinstance(e, EOFError):
+        return "the compressed file ends early (cut short)"
+    return e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+
+
 def _open(path: str) -> TextIO:
     if path.endswith(".gz"):
         return gzip.open(path, "rt", encoding="utf-8", errors="replace", newline="\n")
@@ -162,8 +171,8 @@ def read_logs(
                     if n & 0xFFFF == 0:
                         bar.show(raw.tell())
         except (OSError, EOFError) as e:  # a truncated .gz, a file that is not gzip: keep what was read
-            problems.append(f"{path}: {e}")
-            log.warning("%s: read up to here, the rest is unreadable: %s", path, e)
+            problems.append(f"{path}: {_why(e)}")
+            log.warning("%s: read up to here, the rest is unreadable: %s", path, _why(e))
         ends.append(FileEnd(a.epoch, a.clock.last_ts, os.path.getmtime(path)))
         if history is not None:
             history.sample(a.epoch, a.clock.now, final=True)
@@ -187,10 +196,42 @@ def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
     return at
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_pairs(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and all(
+        isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(i, int) for i in x) for x in v
+    )
+
+
+# what each field of a record may hold, by the record's own annotations
+_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "int | None": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
+    "float": _is_number,
+    "float | None": lambda v: v is None or _is_number(v),
+    "str": lambda v: isinstance(v, str),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "bool": lambda v: isinstance(v, bool),
+    "tuple[tuple[int, int], ...]": _is_pairs,
+}
+_RECORD_FIELDS = {name: _FIELD_CHECKS[str(f.type)] for name, f in RequestRecord.__dataclass_fields__.items()}
+
+
+def _as_record(obj: Any) -> dict[str, Any] | None:
+    """An events-file line as a record: its known fields, each of the type the record
+    declares (a field of another version is left out; a wrong type rejects the line)."""
+    if not isinstance(obj, dict) or not {"epoch", "slot", "task"} <= obj.keys():
+        return None
+    rec = {k: v for k, v in obj.items() if k in _RECORD_FIELDS}
+    return rec if all(_RECORD_FIELDS[k](v) for k, v in rec.items()) else None
+
+
 def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
     """The exporter's events files: one record per line. Lines that are not records are
     counted, never fatal."""
-    names = set(RequestRecord.__dataclass_fields__)
     out: list[dict[str, Any]] = []
     bad = 0
     for path in paths:
@@ -198,16 +239,15 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
             with _open(path) as fh:
                 for line in fh:
                     try:
-                        rec = json.loads(line)
+                        rec = _as_record(json.loads(line))
                     except ValueError:
+                        rec = None
+                    if rec is None:
                         bad += 1
-                        continue
-                    if not isinstance(rec, dict) or not {"epoch", "slot", "task"} <= rec.keys():
-                        bad += 1
-                        continue
-                    out.append({k: v for k, v in rec.items() if k in names})
+                    else:
+                        out.append(rec)
         except (OSError, EOFError) as e:
-            log.warning("%s: read up to here, the rest is unreadable: %s", path, e)
+            log.warning("%s: read up to here, the rest is unreadable: %s", path, _why(e))
             bad += 1
     return out, bad
 
