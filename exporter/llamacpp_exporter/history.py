@@ -104,10 +104,10 @@ class History:
             typ, doc, unit = self.families[fam]
             out.write(_header(fam, typ, doc, unit))
             for members in groups.values():
-                prefix = [(name, _labels({**labels, **lb}), self.values[i]) for name, lb, i in members]
+                series = [(name, _labels({**labels, **lb}), self.values[i]) for name, lb, i in members]
                 last = -math.inf
                 for k, t in enumerate(times):
-                    present = [(n, lb, arr[k]) for n, lb, arr in prefix if k < len(arr) and not math.isnan(arr[k])]
+                    present = [(n, lb, arr[k]) for n, lb, arr in series if k < len(arr) and not math.isnan(arr[k])]
                     if not present:
                         continue
                     if t is None:
@@ -125,14 +125,15 @@ class History:
         return w
 
 
+def _escape(value: str) -> str:
+    """A label value as the exposition formats write it: backslash, newline, double quote."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
 def _labels(lbls: dict[str, str]) -> str:
     if not lbls:
         return ""
-    inner = ",".join(
-        f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(10), chr(92) + "n").replace(chr(34), chr(92) + chr(34))}"'
-        for k, v in sorted(lbls.items())
-    )
-    return "{" + inner + "}"
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(lbls.items())) + "}"
 
 
 class _One(Collector):

@@ -417,18 +417,19 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
                 else "prefill time (s)"
             ),
             cols,
-            [[_cell(row.get(c)) for c in cols] for row in top["rows"]],
+            [[cell(row.get(c)) for c in cols] for row in top["rows"]],
             top.get("note", "pseudonyms, never the ids clients sent"),
         )
     )
     return out
 
 
-def _cell(v: Any) -> str:
+def cell(v: Any, decimals: int = 3) -> str:
+    """A table cell: '-' for unknown, floats to a fixed number of decimals."""
     if v is None:
         return "-"
     if isinstance(v, float):
-        return f"{v:.3f}"
+        return f"{v:.{decimals}f}"
     return str(v)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from .config import DEFAULT_PORT
+from .report import cell
 
 COLUMNS = (
     ("CONVERSATION", "conversation", 14),
@@ -34,14 +35,6 @@ def fetch(url: str, timeout: float) -> dict[str, Any]:
     r = httpx.get(url.rstrip("/") + "/api/v1/conversations", timeout=timeout)
     r.raise_for_status()
     return r.json()
-
-
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.2f}"
-    return str(v)
 
 
 def render(data: dict[str, Any], limit: int) -> str:
@@ -64,7 +57,9 @@ def render(data: dict[str, Any], limit: int) -> str:
     rows = data.get("conversations", [])[:limit]
     for r in rows:
         lines.append(
-            " ".join(_fmt(r.get(k)).rjust(w) if i else _fmt(r.get(k)).ljust(w) for i, (_, k, w) in enumerate(COLUMNS))
+            " ".join(
+                cell(r.get(k), 2).rjust(w) if i else cell(r.get(k), 2).ljust(w) for i, (_, k, w) in enumerate(COLUMNS)
+            )
         )
     if not rows:
         lines.append("(no conversation in the window)")
