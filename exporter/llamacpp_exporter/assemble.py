@@ -20,7 +20,7 @@ from . import parse as p
 from .attribution import Attribution, AttributionSink, lineage_parent
 from .conversations import Pseudonymizer
 from .finish import AssemblySettings, Finisher
-from .logclock import LogClock
+from .logclock import EPOCH_BACKWARDS_US, LogClock
 from .lora import LoraTracker
 from .promptcache import CacheSink, PromptCacheLog, Selection
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft
@@ -126,8 +126,8 @@ class Assembler:
 
     # ------------------------------------------------------------ inputs
     def feed(self, line: p.ParsedLine, now_us: int) -> None:
-        clock = self.clock
-        if clock.went_back(line.ts_us):
+        clock, ts = self.clock, line.ts_us
+        if ts is not None and clock.last_ts is not None and ts < clock.last_ts - EPOCH_BACKWARDS_US:
             if not clock.hold(line, now_us):
                 return
             held = clock.take_held()
@@ -137,9 +137,9 @@ class Assembler:
             if isinstance(line.event, p.ServerStarting):
                 self._feed(line, now_us)
             return
-        if clock.held and line.ts_us is not None:
+        if clock.held and ts is not None:
             self._release_held()
-        self._feed(line, now_us)
+        self._feed(line, now_us, checked=True)
 
     def _release_held(self) -> None:
         """Time came back: the held lines were strays. They count, at the current time."""
@@ -148,20 +148,25 @@ class Assembler:
         for h, n in held:
             self._feed(p.ParsedLine(None, h.event), n)
 
-    def _feed(self, line: p.ParsedLine, now_us: int) -> None:
+    def _feed(self, line: p.ParsedLine, now_us: int, checked: bool = False) -> None:
+        """checked: feed() has already seen that this line's time did not go back."""
         ev, ts, clock = line.event, line.ts_us, self.clock
-        if ts is not None and clock.last_ts is not None and clock.went_back(ts):
-            self._new_epoch()
-        clock.advance(ts, now_us)
+        if ts is not None:
+            if not checked and clock.went_back(ts):
+                self._new_epoch()
+            clock.last_ts = clock.now = ts
+        else:
+            clock.advance(ts, now_us)
         mirror = self.cache.mirror
         if mirror.listing or mirror.saving:
             self.cache.before(ev)
-        handler = self._handlers.get(type(ev))
+        kind = type(ev)
+        handler = self._handlers.get(kind)
         if handler is not None:
             handler(ev)
         self._epoch_lines += 1
-        if self.finisher.pending and type(ev) in _UNBLOCKING:
-            self.finisher.try_finish(self.clock.now)
+        if self.finisher.pending and kind in _UNBLOCKING:
+            self.finisher.try_finish(clock.now)
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
         self.finisher.snapshot_seq += 1

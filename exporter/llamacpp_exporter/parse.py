@@ -19,21 +19,23 @@ from dataclasses import dataclass
 from typing import Union
 
 # ---------------------------------------------------------------- events
-# Each event is a small frozen dataclass. ``ts_us`` (on the envelope) is the
-# server's own relative timestamp in microseconds, or None when timestamps are off.
+# Each event is a small dataclass with slots, read-only by convention: not frozen, because a
+# frozen dataclass costs about 1 us more to build and two are built for every line (the event
+# and its envelope). ``ts_us`` (on the envelope) is the server's own relative timestamp in
+# microseconds, or None when timestamps are off.
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ServerStarting:
     """``llama_server: initializing ...``: a new process, so a new epoch."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Verbosity:
     level: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ServerBuild:
     """``build N (commit)`` at start: 0 and "unknown" when built without git metadata."""
 
@@ -41,18 +43,18 @@ class ServerBuild:
     commit: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlotsInitialized:
     n_slots: int
     n_ctx_slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheEnabled:
     limit_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ConversationArrived:
     """``conv_id=...``: a completion request arrived (its task does not exist yet), with the
     client's X-Conversation-Id header, "" when none was sent. Hashed by the assembler."""
@@ -60,13 +62,13 @@ class ConversationArrived:
     raw_id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RequestParamsRead:
     """``chat format: ...``: a chat request's parameters are being read. llama-server logs it
     on the request's HTTP thread after the request took its task id (see join.py)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlotBusy:
     """``- skipping, is_processing = 1``: slot selection for a queued task passed over a busy
     slot. A task that finds every slot it may use busy is deferred (see join.py)."""
@@ -74,7 +76,7 @@ class SlotBusy:
     slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlotSelected:
     slot: int
     method: str  # "id" | "lcp" | "lru"
@@ -82,34 +84,34 @@ class SlotSelected:
     f_sim: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheUpdateStarted:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PromptSaved:
     n_tokens: int
     size_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PromptSaveSkipped:
     reason: str  # "already_cached" | "too_big"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ObsoleteEntryRemoved:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheLookup:
     base_f_keep: float
     base_f_sim: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheCandidate:
     n_tokens: int
     lcp: int
@@ -117,88 +119,88 @@ class CacheCandidate:
     f_sim: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheRestored:
     f_keep: str
     f_sim: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheState:
     n_prompts: int
     size_mib: float
     limit_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheEntryListed:
     entry_id: str  # the entry's address as printed, e.g. 0x5593369e7000
     n_tokens: int
     size_mib: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheUpdateTook:
     ms: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheEvicted:
     size_mib: float
     making_room: bool  # evicted by a save to make room for it, before the new entry is pushed
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CacheRestoreFailed:
     pass
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class LoraCacheCleared:
     slot: int
     n_from: int
     n_to: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskLaunched:
     slot: int
     task: int
     is_child: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class IdleSlotSaving:
     slot: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlotPromptCleared:
     slot: int
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewPrompt:
     slot: int
     task: int
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CachedTokens:
     slot: int
     task: int
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FullReprocessForced:
     slot: int
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefillFinished:
     """TRACE ``init sampler``: the prompt is fully in the slot, sampling starts."""
 
@@ -206,14 +208,14 @@ class PrefillFinished:
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PrefillProgress:
     slot: int
     task: int
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class PromptTiming:
     slot: int
     task: int
@@ -221,7 +223,7 @@ class PromptTiming:
     n_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class EvalTiming:
     slot: int
     task: int
@@ -230,7 +232,7 @@ class EvalTiming:
     ms_per_token: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskReleased:
     slot: int
     task: int
@@ -238,39 +240,39 @@ class TaskReleased:
     truncated: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskCancelled:
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskFailed:
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TaskLaunchFailed:
     """``failed to launch slot with task, id_task = N``: the task was dropped before it ran."""
 
     task: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DebugLine:
     """A ``D`` line: llama-server runs at -lv 5 and logs prompt text. Content dropped here."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ignored:
     """A line we know and do not need (model loading, sampler settings, continuation lines...)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unrecognized:
     """A line shaped like a server line whose message we do not know: a new build's log."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unreadable:
     """Not text: bytes that are not UTF-8, or control characters (a binary file, a corrupted log)."""
 
@@ -319,7 +321,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
 ]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ParsedLine:
     ts_us: int | None
     event: Event
