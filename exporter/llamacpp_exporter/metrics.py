@@ -8,13 +8,17 @@ from fixed sets (records.py) or slot ids the server announced, so cardinality is
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Exemplar
+from prometheus_client.utils import floatToGoString
 
 from .records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
 
@@ -43,154 +47,227 @@ CACHE_UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.
 LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
 
 
-class RequestMetrics:
-    """One finished request record -> counters and histograms by path, LoRA state and outcome."""
+class _CounterValues:
+    """A counter family as plain numbers by label values, rendered at scrape time: an update
+    costs a dict lookup, no lock and no label check (client_python's advice for exporters)."""
+
+    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+        self.name, self.doc, self.labelnames = name, doc, list(labelnames)
+        self.values: dict[tuple[str, ...], float] = {}
+
+    def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def family(self) -> CounterMetricFamily:
+        f = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for key, value in list(self.values.items()):
+            f.add_metric(key, value)
+        return f
+
+
+class _HistogramValues:
+    """A histogram family as plain numbers: per label values, the count in each bucket (not
+    cumulative), the sum, and the last exemplar of each bucket. Rendered as prometheus_client's
+    Histogram renders it."""
+
+    def __init__(self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+        self.name, self.doc, self.labelnames = name, doc, list(labelnames)
+        self.bounds = [float(b) for b in buckets] + [math.inf]
+        self.le = [floatToGoString(b) for b in self.bounds]
+        self.children: dict[tuple[str, ...], tuple[list[float], list[Exemplar | None], list[float]]] = {}
+
+    def child(self, key: tuple[str, ...]) -> tuple[list[float], list[Exemplar | None], list[float]]:
+        c = self.children.get(key)
+        if c is None:
+            c = self.children[key] = ([0.0] * len(self.bounds), [None] * len(self.bounds), [0.0])
+        return c
+
+    def observe(self, key: tuple[str, ...], value: float, exemplar: dict[str, str]) -> None:
+        counts, exemplars, total = self.child(key)
+        total[0] += value
+        if value <= math.inf:  # not NaN: the first bucket whose bound is >= the value
+            i = bisect.bisect_left(self.bounds, value)
+            counts[i] += 1
+            exemplars[i] = Exemplar(exemplar, value, time.time())
+
+    def family(self) -> HistogramMetricFamily:
+        f = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
+        for key, (counts, exemplars, total) in list(self.children.items()):
+            acc = 0.0
+            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
+            for le, n, ex in zip(self.le, counts, exemplars, strict=True):
+                acc += n
+                buckets.append((le, acc) if ex is None else (le, acc, ex))
+            f.add_metric(key, buckets, total[0])
+        return f
+
+
+class RequestMetrics(Collector):
+    """One finished request record -> counters and histograms by path, LoRA state and outcome.
+
+    Plain numbers, turned into metric families at scrape time: a record's dozen updates cost
+    no locks, and a scrape builds its samples without prometheus_client's per-child machinery.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
         pl = ["path", "lora"]
-        self.requests = Counter(
-            "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, registry=r
+        self.requests = _CounterValues(
+            "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl
         )
-        self.cancelled = Counter(
-            "llamacpp_requests_cancelled",
-            "Requests that ended without a timings block (cancelled or failed).",
-            pl,
-            registry=r,
+        self.cancelled = _CounterValues(
+            "llamacpp_requests_cancelled", "Requests that ended without a timings block (cancelled or failed).", pl
         )
-        self.prompt_tokens = Counter(
-            "llamacpp_prompt_tokens",
-            "Prompt tokens of completed requests (reused plus computed), where known.",
-            pl,
-            registry=r,
+        self.prompt_tokens = _CounterValues(
+            "llamacpp_prompt_tokens", "Prompt tokens of completed requests (reused plus computed), where known.", pl
         )
-        self.reused_tokens = Counter(
+        self.reused_tokens = _CounterValues(
             "llamacpp_prompt_tokens_reused",
             "Prompt tokens reused from the slot or the RAM prompt cache, where known.",
             pl,
-            registry=r,
         )
-        self.outcomes = Counter(
+        self.outcomes = _CounterValues(
             "llamacpp_prompt_cache_outcomes",
             "Prompt-cache outcome of requests with at least cache.min_prompt_tokens prompt tokens: hit (reused >= hit ratio), partial, miss (reused < miss ratio).",
             [*pl, "outcome"],
-            registry=r,
         )
-        self.misses = Counter(
+        self.misses = _CounterValues(
             "llamacpp_prompt_cache_misses",
             "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), evicted (the conversation's RAM-cache entry was evicted before it came back), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
             [*pl, "cause"],
-            registry=r,
         )
-        self.restores = Counter(
+        self.restores = _CounterValues(
             "llamacpp_prompt_cache_restores",
             "RAM prompt-cache entries restored into a slot, by what became of them. discarded_lora_wrongful: "
             "discarded for a LoRA change although computed under the request's LoRA configuration.",
             ["lora", "result"],
-            registry=r,
         )
-        self.mismatch = Counter(
+        self.mismatch = _CounterValues(
             "llamacpp_prompt_cache_lora_mismatch_reuse",
             "Restored RAM-cache entries computed under another LoRA configuration and reused anyway (wrong-output risk).",
             ["lora"],
-            registry=r,
         )
-        self.prefill_seconds = Histogram(
+        self.prefill_seconds = _HistogramValues(
             "llamacpp_prefill_duration_seconds",
             "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
             pl,
-            buckets=PREFILL_SECONDS_BUCKETS,
-            registry=r,
+            PREFILL_SECONDS_BUCKETS,
         )
-        self.prefill_tokens = Histogram(
+        self.prefill_tokens = _HistogramValues(
             "llamacpp_prefill_tokens",
             "Prompt tokens computed (not reused) by a request's prefill.",
             pl,
-            buckets=PREFILL_TOKENS_BUCKETS,
-            registry=r,
+            PREFILL_TOKENS_BUCKETS,
         )
-        self.tpot = Histogram(
+        self.tpot = _HistogramValues(
             "llamacpp_time_per_output_token_seconds",
             "Mean decode time per output token of a request; contention=prefill when other slots prefilled during more than the configured fraction of its decoding.",
             ["contention"],
-            buckets=TPOT_BUCKETS,
-            registry=r,
+            TPOT_BUCKETS,
         )
-        self.overlap = Counter(
+        self.overlap = _CounterValues(
             "llamacpp_decode_prefill_overlap_seconds",
             "Seconds during which this slot was decoding while another slot was prefilling.",
             ["slot"],
-            registry=r,
         )
-        self.takeovers = Counter(
+        self.takeovers = _CounterValues(
             "llamacpp_small_task_slot_takeovers",
             "Requests with a small prompt placed on a slot that held a big conversation (e.g. a health probe evicting it).",
-            registry=r,
         )
-        self.conversation_joins = Counter(
+        self.conversation_joins = _CounterValues(
             "llamacpp_exporter_conversation_joins",
             "Requests by how their conversation was found: header (the X-Conversation-Id the request sent), lineage "
             "(it sent none: cache lineage), uncertain (the log cannot prove which request the task was, so no "
             "conversation is named), none (child tasks of n > 1 requests).",
             ["source"],
-            registry=r,
         )
+        self._families: list[_CounterValues | _HistogramValues] = [
+            self.requests,
+            self.cancelled,
+            self.prompt_tokens,
+            self.reused_tokens,
+            self.outcomes,
+            self.misses,
+            self.restores,
+            self.mismatch,
+            self.prefill_seconds,
+            self.prefill_tokens,
+            self.tpot,
+            self.overlap,
+            self.takeovers,
+            self.conversation_joins,
+        ]
         self._slots: set[int] = set()
-        for path, lora in itertools.product(PATHS, LORA_STATES):
+        for key in itertools.product(PATHS, LORA_STATES):
             # every series exists from the start, so rate() and dashboards see zeros, not gaps
             for m in (self.requests, self.cancelled, self.prompt_tokens, self.reused_tokens):
-                m.labels(path, lora)
-            self.prefill_seconds.labels(path, lora)
-            self.prefill_tokens.labels(path, lora)
+                m.add(key, 0.0)
+            self.prefill_seconds.child(key)
+            self.prefill_tokens.child(key)
             for o in OUTCOMES:
-                self.outcomes.labels(path, lora, o)
+                self.outcomes.add((*key, o), 0.0)
             for c in MISS_CAUSES:
-                self.misses.labels(path, lora, c)
+                self.misses.add((*key, c), 0.0)
         for lora in LORA_STATES:
-            self.mismatch.labels(lora)
+            self.mismatch.add((lora,), 0.0)
             for res in RESTORE_RESULTS:
-                self.restores.labels(lora, res)
+                self.restores.add((lora, res), 0.0)
         for c in CONTENTION:
-            self.tpot.labels(c)
+            self.tpot.child((c,))
+        self.takeovers.add((), 0.0)
         for src in ("header", "lineage", "uncertain", "none"):
-            self.conversation_joins.labels(src)
+            self.conversation_joins.add((src,), 0.0)
+        registry.register(self)
+
+    def describe(self) -> Iterator[Metric]:
+        # the names, so that registration checks them and ?name[]= finds them
+        for m in self._families:
+            yield (CounterMetricFamily if isinstance(m, _CounterValues) else HistogramMetricFamily)(
+                m.name, m.doc, labels=m.labelnames
+            )
+
+    def collect(self) -> Iterator[Metric]:
+        for m in self._families:
+            yield m.family()
 
     def slots_known(self, slot_ids: list[int]) -> None:
         self._slots.update(slot_ids)
         for i in slot_ids:
-            self.overlap.labels(str(i))
+            key = (str(i),)
+            if key not in self.overlap.values:
+                self.overlap.add(key, 0.0)
 
     def record(self, rec: RequestRecord) -> None:
-        path, lora = rec.path, rec.lora
+        key = (rec.path, rec.lora)
+        lora = rec.lora
         exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
         if rec.conversation:
             exemplar["conversation"] = rec.conversation
-        self.conversation_joins.labels(rec.conversation_source or "none").inc()
+        self.conversation_joins.add((rec.conversation_source or "none",))
         if rec.cancelled and rec.generated_tokens is None:
-            self.cancelled.labels(path, lora).inc()
+            self.cancelled.add(key)
         else:
-            self.requests.labels(path, lora).inc()
+            self.requests.add(key)
         if rec.prompt_tokens is not None and rec.reused_tokens is not None:
-            self.prompt_tokens.labels(path, lora).inc(rec.prompt_tokens)
-            self.reused_tokens.labels(path, lora).inc(rec.reused_tokens)
+            self.prompt_tokens.add(key, rec.prompt_tokens)
+            self.reused_tokens.add(key, rec.reused_tokens)
         if rec.outcome is not None:
-            self.outcomes.labels(path, lora, rec.outcome).inc()
+            self.outcomes.add((*key, rec.outcome))
         if rec.outcome == "miss" and rec.miss_cause is not None:
-            self.misses.labels(path, lora, rec.miss_cause).inc()
+            self.misses.add((*key, rec.miss_cause))
         if rec.restore_result is not None:
-            self.restores.labels(lora, rec.restore_result).inc()
+            self.restores.add((lora, rec.restore_result))
         if rec.lora_mismatch_reuse:
-            self.mismatch.labels(lora).inc()
+            self.mismatch.add((lora,))
         if rec.small_task_takeover:
-            self.takeovers.inc()
+            self.takeovers.add(())
         if rec.prefill_seconds is not None:
-            self.prefill_seconds.labels(path, lora).observe(rec.prefill_seconds, exemplar)
+            self.prefill_seconds.observe(key, rec.prefill_seconds, exemplar)
         if rec.prefill_tokens is not None:
-            self.prefill_tokens.labels(path, lora).observe(rec.prefill_tokens, exemplar)
+            self.prefill_tokens.observe(key, rec.prefill_tokens, exemplar)
         if rec.time_per_output_token_seconds is not None and rec.contention is not None:
-            self.tpot.labels(rec.contention).observe(rec.time_per_output_token_seconds, exemplar)
+            self.tpot.observe((rec.contention,), rec.time_per_output_token_seconds, exemplar)
         if rec.overlap_seconds and rec.slot in self._slots:
-            self.overlap.labels(str(rec.slot)).inc(rec.overlap_seconds)
+            self.overlap.add((str(rec.slot),), rec.overlap_seconds)
 
 
 class LogMetrics:
@@ -225,14 +302,9 @@ class LogMetrics:
             buckets=CACHE_UPDATE_BUCKETS,
             registry=r,
         )
-        self.prefill_in_progress_gauge = Gauge(
-            "llamacpp_slot_prefill_tokens_in_progress",
-            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
-            ["slot"],
-            registry=r,
-        )
-        # Counted for every line: plain numbers, rendered at scrape time (no lock, no label
-        # lookup on the hot path), as client_python advises for exporters.
+        # Set or counted for every line or every few: plain numbers, rendered at scrape time
+        # (no lock, no label lookup on the hot path), as client_python advises for exporters.
+        self.prefill_tokens_in_progress: dict[str, int] = {}  # by slot id
         self.lines: dict[str, int] = dict.fromkeys(LOG_LINE_RESULTS, 0)
         self.last_line_time = 0.0
         registry.register(_LineCollector(self))
@@ -305,12 +377,12 @@ class LogMetrics:
 
     def prefill_in_progress(self, slot: int, tokens: int) -> None:
         if slot in self._slots:  # a slot id the server announced: labels stay bounded
-            self.prefill_in_progress_gauge.labels(str(slot)).set(tokens)
+            self.prefill_tokens_in_progress[str(slot)] = tokens
 
     def slots_known(self, slot_ids: list[int]) -> None:
         self._slots.update(slot_ids)
         for i in slot_ids:
-            self.prefill_in_progress_gauge.labels(str(i))
+            self.prefill_tokens_in_progress.setdefault(str(i), 0)
 
     def conversation_arrival_dropped(self) -> None:
         self.arrivals_dropped.inc()
@@ -338,7 +410,21 @@ class _LineCollector(Collector):
     def __init__(self, m: LogMetrics) -> None:
         self.m = m
 
+    def describe(self) -> Iterator[Metric]:
+        yield from self._families()
+
     def collect(self) -> Iterator[Metric]:
+        yield from self._families()
+
+    def _families(self) -> Iterator[Metric]:
+        in_progress = GaugeMetricFamily(
+            "llamacpp_slot_prefill_tokens_in_progress",
+            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
+            labels=["slot"],
+        )
+        for slot, tokens in list(self.m.prefill_tokens_in_progress.items()):
+            in_progress.add_metric([slot], tokens)
+        yield in_progress
         lines = CounterMetricFamily(
             "llamacpp_exporter_log_lines",
             "Log lines read, by result: parsed, ignored (known, not needed), unrecognized (a server line whose "
