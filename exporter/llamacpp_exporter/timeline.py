@@ -80,28 +80,40 @@ class PrefillTimeline:
             return True
         return False
 
-    def overlapping(self, slot: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        """(task, from, to) for every other slot's prefill between start and end."""
+    def _around(self, slot: int, start: int, end: int) -> Iterator[Prefill]:
+        """Every other slot's prefills that may overlap [start, end), oldest first. A slot runs
+        one task at a time, so its prefills are in order and do not overlap each other: read
+        from the newest back, past the ones after `end`, until one ended before `start`."""
         for sid, pf in self.slots.items():
             if sid == slot:
                 continue
-            for p in pf:
-                lo, hi = max(p.start, start), min(end if p.end is None else p.end, end)
-                if hi > lo:
-                    yield p.task, lo, hi
+            i = len(pf)
+            while i > 0 and pf[i - 1].start >= end:
+                i -= 1
+            j = i
+            while j > 0:
+                last_end = pf[j - 1].end
+                if last_end is not None and last_end <= start:
+                    break
+                j -= 1
+            yield from pf[j:i]
+
+    def overlapping(self, slot: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
+        """(task, from, to) for every other slot's prefill between start and end."""
+        for p in self._around(slot, start, end):
+            lo, hi = max(p.start, start), min(end if p.end is None else p.end, end)
+            if hi > lo:
+                yield p.task, lo, hi
 
     def largest_overlapping(self, slot: int, start: int, end: int) -> int | None:
         """The most prompt tokens computed by another slot's prefill between start and end: 0
         when none overlapped, None when one that did has no known size."""
         largest: int | None = 0
-        for sid, pf in self.slots.items():
-            if sid == slot:
-                continue
-            for p in pf:
-                if min(end if p.end is None else p.end, end) > max(p.start, start):
-                    if p.tokens is None:
-                        return None
-                    largest = max(largest or 0, p.tokens)
+        for p in self._around(slot, start, end):
+            if min(end if p.end is None else p.end, end) > max(p.start, start):
+                if p.tokens is None:
+                    return None
+                largest = max(largest or 0, p.tokens)
         return largest
 
     def settled_before(self, slot: int, end: int) -> bool:
