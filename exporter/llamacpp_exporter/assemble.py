@@ -156,7 +156,7 @@ class Assembler:
                 self._new_epoch()
             clock.last_ts = clock.now = ts
         else:
-            clock.advance(ts, now_us)
+            clock.advance(None, now_us)
         mirror = self.cache.mirror
         if mirror.listing or mirror.saving:
             self.cache.before(ev)
