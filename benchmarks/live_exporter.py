@@ -3,7 +3,8 @@
 - freshness: a line appended to llama-server's log until its effect shows in /metrics
   (median, p99), one line at a time;
 - scrape cost: /metrics response time once 64 slots, every histogram and the top-N
-  conversations are populated (median, p99);
+  conversations are populated (median, p99), in the text format and as a real Prometheus
+  scrapes it (OpenMetrics, timed by Prometheus's own scrape_duration_seconds);
 - memory: the exporter's RSS after the whole log (ten million lines by default), at each tenth
   of it, and whether it grew after the warm-up.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +32,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
+from promql import Prometheus  # noqa: E402
 from realserver import ExporterProcess, free_port  # noqa: E402
 from throughput_vs_mtail import _TS, _stamp, _us, build_log  # noqa: E402
 
@@ -76,6 +79,35 @@ def lines_done(exp: ExporterProcess) -> int:
 
 def pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))]
+
+
+def prometheus_version() -> str:
+    out = subprocess.run(["prometheus", "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"version (\S+)", out)
+    return m.group(1) if m else "(unknown version)"
+
+
+def prometheus_scrapes(target_url: str, workdir: Path, n: int) -> list[float]:
+    """n scrapes of the exporter by a real Prometheus (every 0.5 s), in milliseconds as
+    Prometheus timed them."""
+    host = target_url.split("://", 1)[1]
+    config = {
+        "global": {"scrape_interval": "500ms", "scrape_timeout": "500ms"},
+        "scrape_configs": [{"job_name": "exporter", "static_configs": [{"targets": [host]}]}],
+    }
+    prom = Prometheus(workdir, config)
+    try:
+        prom.wait_scraped(1)
+        deadline = time.monotonic() + n * 0.5 + 60
+        while True:
+            r = prom.query(f"count_over_time(scrape_duration_seconds{{job='exporter'}}[{n * 2}s])")["data"]["result"]
+            if r and int(float(r[0]["value"][1])) >= n or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        r = prom.query(f"scrape_duration_seconds{{job='exporter'}}[{n * 2}s]")["data"]["result"]
+        return [float(v) * 1000 for _, v in r[0]["values"]][-n:]
+    finally:
+        prom.stop()
 
 
 def main() -> int:
@@ -126,7 +158,14 @@ def main() -> int:
             convs = len(set(re.findall(r'conversation="([^"]+)"', body)))
             print(
                 f"scrape: {series} series ({slots} slots, {convs} conversations named), {len(body) / 1024:.0f} KiB; "
-                f"p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms"
+                f"text format (httpx, gzip): p50 {statistics.median(times):.1f} ms, p99 {pct(times, 0.99):.1f} ms"
+            )
+            # the same, as a real Prometheus scrapes it (OpenMetrics, for the exemplars; gzip),
+            # timed by Prometheus itself: its scrape_duration_seconds of each scrape
+            durations = prometheus_scrapes(exp.url, d / "prometheus", args.probes)
+            print(
+                f"scrape: as Prometheus {prometheus_version()} scrapes it, its own scrape_duration_seconds over "
+                f"{len(durations)} scrapes: p50 {statistics.median(durations):.1f} ms, p99 {pct(durations, 0.99):.1f} ms"
             )
             # freshness: one line at a time, until /metrics shows it; stamped after the log's
             # last line (a line from the past is held as a possible restart)

@@ -415,3 +415,24 @@ def test_a_log_without_timestamps_rewritten_past_our_offset_while_paused_is_read
     f.poll_once()
     assert stats.truncations == 1
     assert c.lines[len(old) :] == [ln.rstrip("\n") for ln in new]
+
+
+def test_the_exporter_queues_the_lines_of_a_read_as_batches_in_order():
+    # one queue item per read (at most LINE_BATCH lines), an oversized line's mark between the
+    # lines before and after it, a partial last line held until its newline or a flush
+    from llamacpp_exporter.app import _OVERSIZED, LINE_BATCH, _LineBatches
+
+    items: list[object] = []
+    batches = _LineBatches(items.append, max_line_bytes=100)
+    many = "".join(f"line {i}\n" for i in range(LINE_BATCH + 3))
+    batches.feed(many.encode())
+    assert [len(i) for i in items] == [LINE_BATCH, 3]
+    assert items[0][0] == "line 0" and items[1][-1] == f"line {LINE_BATCH + 2}"
+    items.clear()
+    batches.feed(b"before\n" + b"x" * 200 + b"\nafter\npart")
+    assert items == [["before"], _OVERSIZED, ["after"]]
+    items.clear()
+    batches.feed(b"ial\n")
+    batches.feed(b"no newline yet")
+    batches.flush()
+    assert items == [["partial"], ["no newline yet"]]

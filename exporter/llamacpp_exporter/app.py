@@ -1,8 +1,8 @@
 """Wiring: log source thread -> queue -> pipeline thread; server poller thread; HTTP server.
 
 The pipeline runs on one thread and owns all assembly state; the other threads only
-put lines and snapshots on its queue. The queue is bounded: a stalled pipeline slows
-the reader (the file or pipe keeps the data) instead of growing memory.
+put lines (those of one read as one item) and snapshots on its queue. The queue is bounded:
+a stalled pipeline slows the reader (the file or pipe keeps the data) instead of growing memory.
 """
 
 from __future__ import annotations
@@ -56,6 +56,40 @@ log = logging.getLogger(__name__)
 POSITION_SAVE_INTERVAL = 1.0  # seconds; and at every orderly stop
 _STOP = object()
 _OVERSIZED = object()
+LINE_BATCH = 512  # lines per queue item: a queue put and get per batch, not per line
+QUEUE_ITEMS = 64  # line batches, snapshots, positions: at most about 32k lines wait for the pipeline
+
+
+class _LineBatches(LineSplitter):
+    """The splitter, handing on the lines of each read as one queue item (at most LINE_BATCH
+    lines), in order with the oversized marks and the positions that follow the read."""
+
+    def __init__(self, put: Callable[[Any], None], max_line_bytes: int) -> None:
+        self._batch: list[str] = []
+        self._put_item = put
+        super().__init__(self._line, self._oversized, max_line_bytes)
+
+    def _line(self, line: str) -> None:
+        self._batch.append(line)
+        if len(self._batch) >= LINE_BATCH:
+            self._send()
+
+    def _oversized(self) -> None:
+        self._send()
+        self._put_item(_OVERSIZED)
+
+    def _send(self) -> None:
+        if self._batch:
+            batch, self._batch = self._batch, []
+            self._put_item(batch)
+
+    def feed(self, data: bytes) -> None:
+        super().feed(data)
+        self._send()
+
+    def flush(self) -> None:
+        super().flush()
+        self._send()
 
 
 def settings_from(cfg: Config) -> AssemblySettings:
@@ -164,7 +198,7 @@ class Exporter:
         self.cfg = cfg
         self.registry = CollectorRegistry()
         self.stop = threading.Event()
-        self.q: queue.Queue[Any] = queue.Queue(maxsize=10000)
+        self.q: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_ITEMS)
         api_key = read_api_key(cfg.llama)
         salt = read_salt(cfg.conversations)
         if salt is None:
@@ -236,7 +270,7 @@ class Exporter:
     # ------------------------------------------------------------ threads
     def _source(self) -> None:
         lc = self.cfg.llama
-        splitter = LineSplitter(self._put, lambda: self._put(_OVERSIZED), lc.log_max_line_bytes)
+        splitter = _LineBatches(self._put, lc.log_max_line_bytes)
         try:
             if lc.log_command:
                 follow_command(lc.log_command, splitter, self.stats, self.stop)
@@ -260,12 +294,14 @@ class Exporter:
 
     def _process(self) -> None:
         pl = self.pipeline
+        process_line = pl.process_line
         while True:
             item = self.q.get()
             if item is _STOP:
                 break
-            if isinstance(item, str):
-                pl.process_line(item)
+            if isinstance(item, list):
+                for line in item:
+                    process_line(line)
             elif isinstance(item, SlotsSnapshot):
                 pl.process_snapshot(item)
             elif isinstance(item, LoraAdapters):
