@@ -20,7 +20,7 @@ from . import parse as p
 from .attribution import Attribution, AttributionSink, lineage_parent
 from .conversations import Pseudonymizer
 from .finish import AssemblySettings, Finisher
-from .logclock import EPOCH_BACKWARDS_US, LogClock
+from .logclock import LogClock
 from .lora import LoraTracker
 from .promptcache import CacheSink, PromptCacheLog, Selection
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft
@@ -127,7 +127,7 @@ class Assembler:
     # ------------------------------------------------------------ inputs
     def feed(self, line: p.ParsedLine, now_us: int) -> None:
         clock, ts = self.clock, line.ts_us
-        if ts is not None and clock.last_ts is not None and ts < clock.last_ts - EPOCH_BACKWARDS_US:
+        if clock.went_back(ts):
             if not clock.hold(line, now_us):
                 return
             held = clock.take_held()
@@ -151,12 +151,9 @@ class Assembler:
     def _feed(self, line: p.ParsedLine, now_us: int, checked: bool = False) -> None:
         """checked: feed() has already seen that this line's time did not go back."""
         ev, ts, clock = line.event, line.ts_us, self.clock
-        if ts is not None:
-            if not checked and clock.went_back(ts):
-                self._new_epoch()
-            clock.last_ts = clock.now = ts
-        else:
-            clock.advance(None, now_us)
+        if not checked and clock.went_back(ts):
+            self._new_epoch()
+        clock.advance(ts, now_us)
         mirror = self.cache.mirror
         if mirror.listing or mirror.saving:
             self.cache.before(ev)
