@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from . import parse as p
-from .attribution import Attribution, AttributionSink, lineage_parent
+from .attribution import Attribution, AttributionSink, continued_tasks, lineage_parent
 from .conversations import Pseudonymizer
 from .finish import AssemblySettings, Finisher
 from .logclock import LogClock
@@ -239,7 +239,9 @@ class Assembler:
         # whose state the prompt was compared with: the restored entry's task, else the slot's
         d.state_source_task = (d.entry_source[1] if d.entry_source else None) if d.ram_restored else s.last_task
         if not ev.is_child:
-            self.attribution.launched(ev.task, lineage_parent(sel, self.epoch, s.last_task))
+            self.attribution.launched(
+                ev.task, lineage_parent(sel, self.epoch, s.last_task), continued_tasks(sel, self.epoch, s.last_task)
+            )
         s.draft = d
         s.last_task = ev.task
         self.prefills.launched(ev.slot, ev.task, self.clock.now)

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from . import parse as p
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
-from .promptcache import Selection
+from .promptcache import CONTAINED_MIN_TOKENS, Selection
 
 TaskKey = tuple[int, int]  # (epoch, task)
 Conversation = tuple[str | None, str]  # (pseudonym or None, source: header, lineage, uncertain)
@@ -26,6 +26,7 @@ JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by th
 # A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP = 0.9
+CONTINUATION_F_KEEP = 0.9995  # printed as 1.000: the slot's whole state is a prefix of the prompt
 
 
 class AttributionSink(Protocol):
@@ -79,9 +80,9 @@ class Attribution:
     def launch_failed(self, ev: p.TaskLaunchFailed) -> None:
         self.join.launched(ev.task, self.now(), self.all_idle())
 
-    def launched(self, task: int, parent: TaskKey | None) -> None:
+    def launched(self, task: int, parent: TaskKey | None, continues: tuple[int, ...] = ()) -> None:
         """Called before the task occupies its slot (the join wants the idle state before)."""
-        self.join.launched(task, self.now(), self.all_idle())
+        self.join.launched(task, self.now(), self.all_idle(), continues)
         self._count_dropped()
         self._lineage_parent[(self.epoch, task)] = parent
         if len(self._lineage_parent) > MAX_TASKS:
@@ -196,3 +197,21 @@ def lineage_parent(sel: Selection | None, epoch: int, last_task: int | None) -> 
     if sel.restored_source is not None and (sel.restored_f_keep or 0.0) >= LINEAGE_MIN_F_KEEP:
         return sel.restored_source
     return None
+
+
+def continued_tasks(sel: Selection | None, epoch: int, last_task: int | None) -> tuple[int, ...]:
+    """Earlier tasks of this process whose whole state the prompt contains: the slot's previous
+    task when the slot was chosen for keeping all of it (f_keep printed 1.000), and the tasks
+    behind RAM-cache entries the prompt contains whole. The prompt repeats their prompt and
+    their completion: it is their conversation's next turn (join.py, continuations)."""
+    if sel is None:
+        return ()
+    tasks = [src[1] for src in sel.contained if src[0] == epoch]
+    if (
+        sel.method == "lcp"
+        and (sel.f_keep or 0.0) >= CONTINUATION_F_KEEP
+        and last_task is not None
+        and (sel.slot_tokens_before or 0) >= CONTAINED_MIN_TOKENS
+    ):
+        tasks.append(last_task)
+    return tuple(tasks)

@@ -214,6 +214,8 @@ class HeaderJoin:
         self._pinned: int | None = None
         self._last_arrival_us = 0
         self._last_activity_us = 0
+        self._continues: dict[int, tuple[int, ...]] = {}  # unresolved task -> tasks whose state it continues
+        self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
 
     def start_of_process(self) -> None:
         """``initializing ...``: a new process; ids start at 0 and every request will be seen."""
@@ -235,6 +237,7 @@ class HeaderJoin:
         res = self._results.get(task)
         if res is None:
             self._unresolved.discard(task)
+            self._continues.pop(task, None)
             res = self._store(task, (UNCERTAIN, ""))
         return res
 
@@ -248,6 +251,7 @@ class HeaderJoin:
         for task in self._unresolved:
             self._store(task, (UNCERTAIN, ""))
         self._unresolved.clear()
+        self._continues.clear()
 
     # ------------------------------------------------------------ inputs, in log order
     def arrival(self, name: str, now_us: int, all_idle: bool) -> None:
@@ -295,12 +299,15 @@ class HeaderJoin:
         self._busy_next = 0
         self._pinned = slot if pinned else None
 
-    def launched(self, task: int, now_us: int, all_idle_before: bool) -> None:
-        """A request task launched (``is_child = 0``) or failed to launch."""
+    def launched(self, task: int, now_us: int, all_idle_before: bool, continues: tuple[int, ...] = ()) -> None:
+        """A request task launched (``is_child = 0``) or failed to launch. ``continues``: the
+        earlier tasks of this process whose whole state its prompt contains (see continuations)."""
         self.tick(now_us, all_idle_before)
         self._busy_next, self._pinned = 0, None
         self.last_max_id = max(self.last_max_id, task)
         self._last_activity_us = now_us
+        if continues:
+            self._continues[task] = continues
         self._attempt(task, None)
 
     def cancelled(self, task: int) -> None:
@@ -375,14 +382,18 @@ class HeaderJoin:
         for i in range(len(ids) - 1, -1, -1):
             best = min(best, self._last_owner[ids[i]] - i)
             suffix_min[i] = best
-        if self._unresolved:
-            everything_seen = len(ids) + len(self._ambiguous) >= len(self._arrivals)
-            for task in list(self._unresolved):
+        everything_seen = len(ids) + len(self._ambiguous) >= len(self._arrivals)
+        progress = True
+        while progress and self._unresolved:  # a task settled may settle another (claims, continuations)
+            progress = False
+            for task in sorted(self._unresolved):
                 j = bisect.bisect_left(ids, task)
                 res = self._resolve(task, j, j + suffix_min[j], everything_seen)
                 if res is not None:
                     self._unresolved.discard(task)
+                    self._continues.pop(task, None)
                     self._store(task, res)
+                    progress = True
         self._maybe_rebase()
         self._prune(suffix_min)
 
@@ -400,11 +411,36 @@ class HeaderJoin:
         end = min(hi, last)
         while end < last and arrivals[end + 1].cluster == arrivals[end].cluster:
             end += 1
-        names = {arrivals[k].name for k in range(first, end + 1)}
+        # the arrivals it can be: not those another task is proven to be
+        claimed = self._claimed
+        free = [k for k in range(first, end + 1) if claimed.get(k, task) == task]
+        names = {arrivals[k].name for k in free}
         if len(names) == 1:
             name = names.pop()
-            return (HEADER, name) if name else (NONE, "")
-        return (UNCERTAIN, "") if everything_seen else None
+        else:
+            name = self._continued_name(task)
+            if name is None or name not in names:
+                if name is None and self._continues_pending(task):
+                    return None  # what it continues is not named yet
+                return (UNCERTAIN, "") if everything_seen else None
+        at = [k for k in free if arrivals[k].name == name]
+        if len(at) == 1:
+            claimed[at[0]] = task
+        return (HEADER, name) if name else (NONE, "")
+
+    def _continues_pending(self, task: int) -> bool:
+        return any(parent in self._unresolved for parent in self._continues.get(task, ()))
+
+    def _continued_name(self, task: int) -> str | None:
+        """The conversation whose earlier state the task's prompt contains whole, if the
+        tasks that computed that state are all named after one conversation id."""
+        names = set()
+        for parent in self._continues.get(task, ()):
+            res = self._results.get(parent)
+            if res is None or res[0] != HEADER:
+                return None
+            names.add(res[1])
+        return names.pop() if len(names) == 1 else None
 
     def _prune(self, suffix_min: list[int]) -> None:
         """Forget the oldest arrivals and ids once they are settled: when the k smallest ids
@@ -433,6 +469,7 @@ class HeaderJoin:
             self._last_owner[t] -= k
         self._ambiguous = [a for a in self._ambiguous if a > top]
         self._open = [i - k for i in self._open]
+        self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
         self._deferred.shift(k)
         self._base_id = max(self._base_id, top)
 

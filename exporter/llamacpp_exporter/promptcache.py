@@ -18,6 +18,9 @@ from .cachemirror import CacheMirror, Source
 from .records import TaskDraft, selection_path
 
 MIB = 1048576.0
+# An entry this long or longer that a prompt contains whole is that prompt's own history: a
+# short one (a chat template's first tokens, a one-line probe) could be anyone's prefix.
+CONTAINED_MIN_TOKENS = 32
 
 
 class CacheSink(Protocol):
@@ -45,6 +48,9 @@ class Selection:
     f_keep: float | None = None  # of the LCP selection
     f_sim: float | None = None
     lora_cleared: bool = False
+    # RAM-cache entries the prompt contains whole (lcp = the entry's length): the tasks that
+    # computed them. The prompt continues their conversations (see join.py, continuations).
+    contained: tuple[Source, ...] = ()
 
     def hand_over(self, d: TaskDraft) -> None:
         """What the task launched on the slot inherits from its selection."""
@@ -93,9 +99,9 @@ class PromptCacheLog:
         if sel is None or not sel.candidates or sel.compared is not None:
             return
         sources = self.mirror.sources([c.n_tokens for c in sel.candidates])
-        sel.compared = tuple(
-            (src[1], c.lcp) for c, src in zip(sel.candidates, sources or (), strict=False) if src is not None
-        )
+        pairs = [(c, src) for c, src in zip(sel.candidates, sources or (), strict=False) if src is not None]
+        sel.compared = tuple((src[1], c.lcp) for c, src in pairs)
+        sel.contained = tuple(src for c, src in pairs if c.lcp == c.n_tokens >= CONTAINED_MIN_TOKENS)
 
     def before(self, ev: object) -> None:
         """Any other line ends a listing, and a save (its own removals are part of it)."""
