@@ -106,6 +106,7 @@ class Assembler:
             p.ConversationArrived: att.arrival,
             p.RequestParamsRead: att.params_read,
             p.SlotBusy: att.slot_busy,
+            p.AllSlotsIdle: att.all_slots_idle,
             p.TaskLaunchFailed: att.launch_failed,
         }
 
@@ -358,6 +359,7 @@ _UNBLOCKING = frozenset(
         p.TaskCancelled,
         p.ServerStarting,
         p.SlotBusy,
+        p.AllSlotsIdle,
         p.ConversationArrived,
         p.TaskLaunchFailed,
     }

@@ -74,6 +74,10 @@ class Attribution:
     def params_read(self, ev: p.RequestParamsRead) -> None:
         self.join.params_read(self.now())
 
+    def all_slots_idle(self, ev: p.AllSlotsIdle) -> None:
+        self.join.all_slots_idle(self.now())
+        self._count_dropped()
+
     def slot_busy(self, ev: p.SlotBusy) -> None:
         self.join.slot_busy(ev.slot)
 

@@ -94,6 +94,10 @@ UNCERTAIN = "uncertain"  # the log cannot prove which request this task was
 # in every recorded run, tens of them on a starved machine. Past this bound the join takes it
 # that the request has its id.
 ID_DELAY_US = 5_000_000
+# Between the line that proves a request took its id and the post of its task the HTTP thread
+# only reads the request's parameters (microseconds): a request settled this long before an
+# "all slots are idle" line has been tried by then.
+POSTED_AFTER_US = 500_000
 STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS = 4096  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS = 8192
@@ -104,6 +108,7 @@ class _Arrival:
     name: str  # pseudonym, "" when the request sent no id
     cluster: int
     at_us: int
+    settled_us: int | None = None  # when its id was proven taken
 
 
 @dataclass(slots=True)
@@ -273,11 +278,41 @@ class HeaderJoin:
         """A chat request's ``chat format`` line: the only unsettled arrival has its id."""
         self._settle_old(now_us)
         if len(self._open) == 1:
-            self._open.clear()
+            self._settle_open(now_us)
 
     def _settle_old(self, now_us: int) -> None:
         while self._open and now_us - self._arrivals[self._open[0]].at_us > ID_DELAY_US:
-            del self._open[0]
+            self._arrivals[self._open.pop(0)].settled_us = now_us
+
+    def _settle_open(self, at_us: int) -> None:
+        for k in self._open:
+            self._arrivals[k].settled_us = at_us
+        self._open.clear()
+
+    def all_slots_idle(self, now_us: int) -> None:
+        """``all slots are idle``: the main loop has just tried every queued task and none
+        runs. A task tried with every slot free launches, so nothing is deferred either (a
+        release sends a deferred task back to the queue; it would have launched). Every
+        request posted before has therefore launched, or was cancelled or failed: when every
+        arrival was settled long enough ago (its task posted), nothing of the past can become a
+        task any more, and the join starts afresh, aligned."""
+        self._deferred = DeferredQueue()
+        self._busy_next, self._pinned = 0, None
+        self._settle_old(now_us)
+        if not self.aligned:
+            if now_us - self._last_arrival_us > POSTED_AFTER_US:
+                self._reset()
+                self.aligned = True
+            return
+        if self._open or any(
+            a.settled_us is None or now_us - a.settled_us <= POSTED_AFTER_US for a in self._arrivals
+        ):
+            return
+        self._resolve_all(everything_seen=True)
+        seen = len(self._definite) + len(self._ambiguous)
+        self.dropped_arrivals += max(0, len(self._arrivals) - seen)
+        self._fail_unresolved()
+        self._rebase()
 
     def slot_busy(self, slot: int) -> None:
         pinned, self._pinned = self._pinned, None
@@ -365,11 +400,12 @@ class HeaderJoin:
             self._resolve_all()
 
     def _count_rule(self) -> None:
-        """As many request tasks as arrivals exist: every arrival has taken its id."""
+        """As many request tasks as arrivals exist: every arrival has taken its id (and its
+        task was posted: it was tried)."""
         if self._open and len(self._definite) + self._deferred.count() >= len(self._arrivals):
-            self._open.clear()
+            self._settle_open(self._last_activity_us - POSTED_AFTER_US - 1)
 
-    def _resolve_all(self) -> None:
+    def _resolve_all(self, everything_seen: bool = False) -> None:
         if not self._unresolved and not self._arrivals:
             return
         # rank bounds: r(y) <= last_owner(y) for every task y (all ids below y were taken by
@@ -382,7 +418,7 @@ class HeaderJoin:
         for i in range(len(ids) - 1, -1, -1):
             best = min(best, self._last_owner[ids[i]] - i)
             suffix_min[i] = best
-        everything_seen = len(ids) + len(self._ambiguous) >= len(self._arrivals)
+        everything_seen = everything_seen or len(ids) + len(self._ambiguous) >= len(self._arrivals)
         progress = True
         while progress and self._unresolved:  # a task settled may settle another (claims, continuations)
             progress = False
@@ -413,7 +449,7 @@ class HeaderJoin:
             end += 1
         # the arrivals it can be: not those another task is proven to be
         claimed = self._claimed
-        free = [k for k in range(first, end + 1) if claimed.get(k, task) == task]
+        free = [k for k in range(first, end + 1) if claimed.get(k, task) == task and self._in_order(k, task)]
         names = {arrivals[k].name for k in free}
         if len(names) == 1:
             name = names.pop()
@@ -427,6 +463,19 @@ class HeaderJoin:
         if len(at) == 1:
             claimed[at[0]] = task
         return (HEADER, name) if name else (NONE, "")
+
+    def _in_order(self, k: int, task: int) -> bool:
+        """Requests of different clusters took their ids in arrival order: the task cannot be
+        the request at k if a later cluster's request has a smaller id, or an earlier one's a
+        larger id."""
+        cluster = self._arrivals[k].cluster
+        for q, other in self._claimed.items():
+            if other == task:
+                continue
+            c = self._arrivals[q].cluster
+            if (c > cluster and other < task) or (c < cluster and other > task):
+                return False
+        return True
 
     def _continues_pending(self, task: int) -> bool:
         return any(parent in self._unresolved for parent in self._continues.get(task, ()))
@@ -485,8 +534,11 @@ class HeaderJoin:
             # request it does not account for may have a task still waiting to be tried
             and len(self._definite) >= len(self._arrivals)
         ):
-            ids = self._definite[-1:] + self._ambiguous[-1:]
-            self.last_max_id = max([self.last_max_id, *ids])
-            last_arrival, last_activity = self._last_arrival_us, self._last_activity_us
-            self._reset()
-            self._last_arrival_us, self._last_activity_us = last_arrival, last_activity
+            self._rebase()
+
+    def _rebase(self) -> None:
+        ids = self._definite[-1:] + self._ambiguous[-1:]
+        self.last_max_id = max([self.last_max_id, *ids])
+        last_arrival, last_activity = self._last_arrival_us, self._last_activity_us
+        self._reset()
+        self._last_arrival_us, self._last_activity_us = last_arrival, last_activity

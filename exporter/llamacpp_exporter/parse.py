@@ -69,6 +69,12 @@ class RequestParamsRead:
 
 
 @dataclass(slots=True)
+class AllSlotsIdle:
+    """``update_slots: all slots are idle`` (TRACE): the main loop has just tried every queued
+    task (server-context.cpp:3023, after the queue is processed) and none is running."""
+
+
+@dataclass(slots=True)
 class SlotBusy:
     """``- skipping, is_processing = 1``: slot selection for a queued task passed over a busy
     slot. A task that finds every slot it may use busy is deferred (see join.py)."""
@@ -285,6 +291,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     CacheEnabled,
     ConversationArrived,
     RequestParamsRead,
+    AllSlotsIdle,
     SlotBusy,
     SlotSelected,
     CacheUpdateStarted,
@@ -333,6 +340,7 @@ UNREADABLE = Unreadable()
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 DEBUG = DebugLine()
 REQUEST_PARAMS_READ = RequestParamsRead()
+ALL_SLOTS_IDLE = AllSlotsIdle()
 
 # ---------------------------------------------------------------- envelope
 
@@ -553,6 +561,8 @@ def _srv_event(func: str, msg: str) -> Event:
         return CacheRestoreFailed()
     if msg.startswith("chat format: "):
         return REQUEST_PARAMS_READ
+    if msg.startswith("all slots are idle"):
+        return ALL_SLOTS_IDLE
     if msg.startswith("failed to launch slot with"):
         m = _RE_LAUNCH_FAILED.match(msg)
         if m:

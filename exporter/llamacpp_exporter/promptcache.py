@@ -104,7 +104,10 @@ class PromptCacheLog:
         sel.contained = tuple(src for c, src in pairs if c.lcp == c.n_tokens >= CONTAINED_MIN_TOKENS)
 
     def before(self, ev: object) -> None:
-        """Any other line ends a listing, and a save (its own removals are part of it)."""
+        """Any other line of the main loop ends a listing, and a save (its own removals are
+        part of it). A request's HTTP thread logs in between at any time: those lines do not."""
+        if type(ev) in _HTTP_THREAD_LINES:
+            return
         m = self.mirror
         if m.listing and not isinstance(ev, p.CacheEntryListed):
             m.close_listing()
@@ -194,3 +197,5 @@ class PromptCacheLog:
 
 # Lines between "saving prompt" and the moment the entry is pushed (alloc's own removals)
 _PART_OF_SAVE = frozenset({p.PromptSaveSkipped, p.ObsoleteEntryRemoved, p.CacheEvicted})
+# Lines a request's HTTP thread logs, at any moment, in the middle of the main loop's lines
+_HTTP_THREAD_LINES = frozenset({p.ConversationArrived, p.RequestParamsRead, p.TaskCancelled})
