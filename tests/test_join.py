@@ -111,6 +111,11 @@ class Run:
         self.j.cancelled(task)
         return self
 
+    def idle(self) -> Run:
+        """``all slots are idle``: every queued task was tried, none runs."""
+        self.j.all_slots_idle(self.t)
+        return self
+
     def res(self, task: int) -> tuple[str, str] | None:
         return self.j.result(task)
 
@@ -125,6 +130,8 @@ def test_two_requests_tokenizing_at_once_are_uncertain_not_swapped():
     # INVENTED: B arrives while A is still tokenizing (no "chat format" line between); the
     # HTTP threads may take their ids in either order (rule 2), so neither task is named
     r = Run().arrive("A").arrive("B").chat_format().chat_format().launch(3, 0).launch(4, 1)
+    assert r.res(3) is None and r.res(4) is None  # nothing can tell them apart yet
+    r.at(100).release(0).release(1).at(700).idle()  # nor ever: the join starts afresh
     assert r.res(3) == (UNCERTAIN, "") and r.res(4) == (UNCERTAIN, "")
 
 
@@ -138,6 +145,7 @@ def test_a_chat_format_line_settles_only_a_lone_request():
     # INVENTED: A (a /completion: no "chat format" line) then B arrive; the line that follows
     # is B's, or A's if A is a chat request: nothing is settled, the pair stays uncertain
     r = Run().arrive("A").arrive("B").chat_format().launch(3, 0).launch(4, 1)
+    r.at(100).release(0).release(1).at(ID_DELAY_US // MS + 700).idle()
     assert r.res(3) == (UNCERTAIN, "") and r.res(4) == (UNCERTAIN, "")
 
 
@@ -180,6 +188,8 @@ def test_a_cancel_line_that_may_not_be_a_request_makes_later_tasks_uncertain():
     r = Run(n_slots=1).arrive("L").chat_format().launch(0, 0)
     r.at(100).arrive("A").at(1100).cancel(2)
     r.at(1200).arrive("B").chat_format().at(1500).release(0).launch(5, 0)
+    assert r.res(5) is None
+    r.at(1600).release(0).at(1200 + ID_DELAY_US // MS + 600).idle()  # A never became a task we saw
     assert r.res(5) == (UNCERTAIN, "")
 
 
@@ -254,6 +264,6 @@ def test_a_server_that_is_never_idle_keeps_its_join_and_bounded_state():
         r.release(slot).launch(task, slot)  # the release sends the oldest waiting one back
         names[task] = f"c{i - 1}"
         slot = 1 - slot
-        assert len(r.j._deferred.queue) == 1
+        assert r.j._deferred.exact and r.j._deferred.count() == 1
     assert all(r.res(t) == (HEADER, n) for t, n in names.items())
     assert len(r.j._arrivals) < 200 and len(r.j._definite) < 200 and len(r.j._last_owner) < 200

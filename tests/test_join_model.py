@@ -57,16 +57,22 @@ class Mix:
     long_tokenizing: float = 0.03  # up to ID_DELAY_US instead of up to 50 ms
     other_cancels: float = 0.2  # other clients' /slots or /metrics requests that log a cancel
     mean_gap_ms: int = 1000
+    continues: float = 0.0  # a named request whose prompt contains its conversation's last state
 
 
 STRESS = Mix()
 CHAT = Mix(chat=1.0, gives_up=0.0, rejected=0.0, long_tokenizing=0.0, other_cancels=0.0)
 CHAT_CANCELS = Mix(chat=1.0, gives_up=0.05, rejected=0.0, long_tokenizing=0.0, other_cancels=0.0)
+# A multi-user server as issue 18 describes it: chat clients with and without ids (a fifth of the
+# traffic is /completion), some pinned, a tenth giving up while queued, other clients polling
+# /slots (some of whose polls time out: cancel lines), and conversations that continue their
+# last state (the RAM cache or the slot offers it whole) on most turns.
+MIXED = Mix(chat=0.8, pinned=0.1, gives_up=0.1, rejected=0.0, long_tokenizing=0.0, other_cancels=0.1, continues=0.8)
 
 
 def simulate(
     seed: int, n_slots: int = 2, mix: Mix = STRESS, n_requests: int = 60, details: dict | None = None
-) -> tuple[int, int, int]:
+) -> Tally:
     rng = random.Random(seed)
     j = HeaderJoin()
     j.n_slots = n_slots
@@ -80,6 +86,8 @@ def simulate(
 
     next_id = [0]
     queue: list = []  # tasks posted, in order (front first): Req or "metrics"
+    last_done: dict[str, int] = {}  # conversation -> its last finished task
+    busy_before = [False]
     deferred: list[Req] = []
     slots: list[Req | None] = [None] * n_slots
     truth: dict[int, str] = {}
@@ -127,7 +135,9 @@ def simulate(
             j.slot_selected(slot, False)
         all_idle = idle()
         slots[slot] = r
-        j.launched(r.task, now, all_idle)
+        # the RAM cache or the slot offers the conversation's last state, contained whole
+        cont = r.name and r.name in last_done and rng.random() < mix.continues
+        j.launched(r.task, now, all_idle, (last_done[r.name],) if cont else ())
 
     while evs:
         ev = heapq.heappop(evs)
@@ -171,9 +181,17 @@ def simulate(
             if ev.obj:  # its client timed out while the main loop was busy: a cancel line
                 j.cancelled(task)
                 next_id[0] += 1
+            else:
+                queue.append("metrics")  # the main loop wakes for it
         elif ev.kind == "main":
+            woke = bool(queue) or busy_before[0]
             while queue:
-                attempt(queue.pop(0))
+                item = queue.pop(0)
+                if item != "metrics":
+                    attempt(item)
+            if idle() and woke:  # update_slots finds nothing to run (server-context.cpp:3023)
+                j.all_slots_idle(now)
+            busy_before[0] = not idle()
             duration = (rng.randint(50, 3000) if rng.random() < 0.1 else rng.randint(5, 50)) * MS
             at(now + duration, "end_batch")
         elif ev.kind == "end_batch":
@@ -184,6 +202,8 @@ def simulate(
                     if r.work <= 0:
                         slots[s] = None
                         r.done = True
+                        if r.name:
+                            last_done[r.name] = r.task
                         j.released(s, now)
                         if deferred:  # one deferred task back to the front of the queue
                             k = next((i for i, d in enumerate(deferred) if d.pinned == s), 0)
@@ -192,59 +212,103 @@ def simulate(
                 at(now + rng.randint(0, 5) * MS, "main")
     j.tick(now + 60_000_000, True)
 
-    right = uncertain = wrong = 0
+    tally = Tally()
     for task, name in truth.items():
         res = j.result(task)
         if res is None:
             continue  # never launched (cancelled or rejected)
         source, got = res
         if source == UNCERTAIN:
-            uncertain += 1
+            tally.uncertain[bool(name)] += 1
         elif (source == HEADER and got == name and name) or (source == NONE and name == ""):
-            right += 1
+            tally.right[bool(name)] += 1
         else:
-            wrong += 1
+            tally.wrong += 1
             if details is not None:
                 details.setdefault("wrong", []).append((task, name, res))
     if details is not None:
         details["truth"] = truth
-    return right, uncertain, wrong
+    return tally
 
 
-def named_and_uncertain(n_slots: int, mix: Mix, seeds: int = 150) -> tuple[int, int]:
-    """Over many seeds: tasks named right, tasks left uncertain; fails on any wrong name."""
-    totals = [0, 0]
+@dataclass
+class Tally:
+    """Launched tasks by what the join said, [without an id, with an id]."""
+
+    right: list[int] = field(default_factory=lambda: [0, 0])
+    uncertain: list[int] = field(default_factory=lambda: [0, 0])
+    wrong: int = 0
+
+    def add(self, other: Tally) -> None:
+        for k in (0, 1):
+            self.right[k] += other.right[k]
+            self.uncertain[k] += other.uncertain[k]
+        self.wrong += other.wrong
+
+    def coverage(self, with_id: bool | None = None) -> float:
+        """Share named right: of the tasks whose request sent an id (True), sent none (False), all (None)."""
+        ks = (0, 1) if with_id is None else (int(with_id),)
+        right = sum(self.right[k] for k in ks)
+        return right / max(1, right + sum(self.uncertain[k] for k in ks))
+
+    def __str__(self) -> str:
+        return (
+            f"with an id {self.right[1]} named right, {self.uncertain[1]} uncertain ({self.coverage(True):.1%}); "
+            f"without {self.right[0]} right, {self.uncertain[0]} uncertain ({self.coverage(False):.1%}); "
+            f"{self.wrong} wrong"
+        )
+
+
+def run_seeds(n_slots: int, mix: Mix, seeds: int = 150) -> Tally:
+    """Over many seeds; fails on any wrong name."""
+    total = Tally()
     for seed in range(seeds):
-        right, uncertain, wrong = simulate(seed, n_slots, mix)
-        assert wrong == 0, f"seed {seed}: {wrong} tasks named after another request"
-        totals[0] += right
-        totals[1] += uncertain
-    return totals[0], totals[1]
+        t = simulate(seed, n_slots, mix)
+        assert t.wrong == 0, f"seed {seed}: {t.wrong} tasks named after another request"
+        total.add(t)
+    return total
 
 
+# Floors: the figures these seeds give today, less a margin (the model is deterministic; a change
+# that lowers one is a change in what the join can prove, to be looked at, not a flake).
 @pytest.mark.parametrize("n_slots", [1, 2, 4])
 def test_the_join_never_names_the_wrong_request(n_slots):
     """Everything at once: /completion requests (no line after their id), pinned requests,
     clients giving up, rejected requests, slow tokenizing, other clients' cancel lines, long
-    batches. Many tasks cannot be proven here; none may be named wrong."""
-    right, uncertain = named_and_uncertain(n_slots, STRESS)
-    print(f"stress, {n_slots} slots: {right} named right, {uncertain} uncertain, 0 wrong")
-    assert right > 0
+    batches, no continuation to help. Many tasks cannot be proven here; none may be named wrong."""
+    t = run_seeds(n_slots, STRESS)
+    print(f"stress, {n_slots} slots: {t}")
+    assert t.coverage() >= STRESS_FLOOR[n_slots]
 
 
 @pytest.mark.parametrize("n_slots", [1, 2, 4])
 def test_chat_clients_are_named(n_slots):
     """Chat clients (every request logs "chat format" after its id), pinned requests, long
-    batches: nearly every task is named, none wrong."""
-    right, uncertain = named_and_uncertain(n_slots, CHAT)
-    print(f"chat clients, {n_slots} slots: {right} named right, {uncertain} uncertain, 0 wrong")
-    assert right >= 0.9 * (right + uncertain)
+    batches: nearly every task is named, none wrong. What stays uncertain: requests that
+    arrived within each other's tokenizing with different ids (a cluster) and nothing else
+    telling them apart."""
+    t = run_seeds(n_slots, CHAT)
+    print(f"chat clients, {n_slots} slots: {t}")
+    assert t.coverage() >= 0.93
 
 
-def test_cancelled_chat_requests_cost_coverage_not_correctness():
+@pytest.mark.parametrize("continues", [0.0, 0.8])
+def test_cancelled_chat_requests_cost_little_coverage(continues):
     """5% of clients give up and llama-server cancels their queued tasks: a cancel line may be
-    another client's /slots request, so the tasks after it stay uncertain until the history
-    settles; the figure is printed, and nothing is named wrong."""
-    right, uncertain = named_and_uncertain(2, CHAT_CANCELS)
-    print(f"chat clients, 5% cancelled: {right} named right, {uncertain} uncertain, 0 wrong")
-    assert right > 0
+    another client's /slots request. The next "all slots are idle" line settles it; until then
+    the tasks around it wait, or are named by the state they continue."""
+    t = run_seeds(2, Mix(**{**CHAT_CANCELS.__dict__, "continues": continues}))
+    print(f"chat clients, 5% cancelled, {continues:.0%} continuing: {t}")
+    assert t.coverage() >= (0.78 if continues == 0.0 else 0.9)
+
+
+@pytest.mark.parametrize("n_slots", [1, 2, 4])
+def test_a_multi_user_server_is_named(n_slots):
+    """The mix of issue 18: at least 95% of the requests that sent an id are named with it,
+    none wrong."""
+    t = run_seeds(n_slots, MIXED)
+    print(f"multi-user mix, {n_slots} slots: {t}")
+    assert t.coverage(True) >= 0.95
+
+
+STRESS_FLOOR = {1: 0.1, 2: 0.14, 4: 0.14}

@@ -271,15 +271,39 @@ def test_deferred_queue_mirrors_the_server_while_exact():
     assert q.count() == 1 and q.exact
 
 
-def test_deferred_queue_keeps_bounds_after_an_uncertain_cancel():
+def test_deferred_queue_keeps_every_world_an_uncertain_cancel_leaves():
     q = DeferredQueue()
     q.attempt(False, 0, None)
     q.attempt(False, 1, None)
-    q.may_have_lost_one()
-    assert not q.exact and (q.lo, q.hi) == (1, 2) and not q.certainly_empty()
+    q.may_have_lost_one()  # took out the first, the second, or neither (another client's request)
+    assert not q.exact and len(q.worlds) == 3 and q.count() == 1 and not q.certainly_empty()
+    assert q.known_tasks() == 2  # waiting, or cancelled while waiting: two tasks were tried
     q.released(0)  # one goes back to the front ...
-    q.attempt(True, 2, None)  # ... and launches
+    assert q.attempt(True, 2, None) == 1  # ... and launches: the first or the second request
     assert q.count() == 0 and not q.certainly_empty()  # the other may still be waiting
     q.released(0)
-    q.attempt(False, 3, None)  # a retry deferred again, or a new task deferred: 0 to 2 waiting
-    assert (q.lo, q.hi) == (0, 2) and not q.certainly_empty()
+    q.attempt(False, 3, None)  # a retry deferred again, or a new task deferred
+    assert q.count() == 1 and not q.certainly_empty()  # in every world one task waits
+
+
+def test_deferred_queue_drops_a_world_the_lines_contradict():
+    q = DeferredQueue()
+    q.attempt(False, 0, 1)  # pinned to slot 1
+    q.attempt(False, 1, None)
+    q.may_have_lost_one()
+    q.released(0)  # slot 0 frees: the oldest goes back (none is pinned to slot 0)
+    q.attempt(False, 2, None)  # tried unpinned, deferred: the pinned task was not the one at the front
+    assert q.worlds is not None and all(w.queue[0].pinned is None for w in q.worlds if w.sent_back == [])
+    assert [d.pinned for d in q.worlds[0].queue] == [None]  # the pinned one was cancelled
+
+
+def test_deferred_queue_keeps_bounds_past_its_worlds():
+    q = DeferredQueue()
+    for i in range(8):
+        q.attempt(False, i, None)
+    q.may_have_lost_one()
+    q.may_have_lost_one()  # 1 + 8 + 28 ways: past MAX_WORLDS
+    assert q.worlds is None and (q.lo, q.hi) == (6, 8) and q.known_tasks() == 8
+    q.released(0)
+    q.attempt(True, 9, None)  # certainly a retry
+    assert (q.lo, q.hi) == (5, 7)

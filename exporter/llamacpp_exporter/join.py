@@ -119,80 +119,159 @@ class _Deferred:
     pinned: int | None  # the slot it asked for (id_slot), if any
 
 
+@dataclass(slots=True)
+class _World:
+    """One way llama-server's deferred queue can be, given the lines so far."""
+
+    queue: list[_Deferred]
+    sent_back: list[_Deferred]  # sent back to the front by a release, the last one first
+    removed: int = 0  # deferred request tasks a cancel line took out
+
+    def key(self) -> tuple:
+        return (
+            tuple((d.last_owner, d.pinned) for d in self.queue),
+            tuple((d.last_owner, d.pinned) for d in self.sent_back),
+            self.removed,
+        )
+
+
+MAX_WORLDS = 32  # past this many ways the queue can be, only bounds are kept
+
+
 class DeferredQueue:
-    """llama-server's deferred queue, as the log shows it. While the log tells exactly what is
-    in it, it is mirrored (tasks in order, and those a release sent back to the front, last
-    first); after a cancel line that may or may not have removed one, only bounds are kept."""
+    """llama-server's deferred queue, as the log shows it: tasks in order, and those a release
+    sent back to the front. A cancel line may or may not have taken one out (it may be another
+    client's /slots request): every way the queue can then be is kept (a *world*), and a line a
+    world cannot explain removes it. Past MAX_WORLDS only bounds are kept, until the next
+    "all slots are idle" line empties the queue."""
 
     def __init__(self) -> None:
-        self.exact = True
-        self.queue: list[_Deferred] = []
-        self.sent_back: list[_Deferred] = []
-        self.lo = self.hi = 0  # tasks in it, when not exact
-        self.retries_lo = self.retries_hi = 0  # of them sent back by a release, when not exact
+        self.worlds: list[_World] | None = [_World([], [])]
+        self.lo = self.hi = 0  # tasks in it, when only bounds are kept
+        self.retries_lo = self.retries_hi = 0  # of them sent back by a release
+        self.known_lo = 0  # tried and not launched (waiting, or cancelled while waiting), at least
+
+    @property
+    def exact(self) -> bool:
+        return self.worlds is not None and len(self.worlds) == 1
 
     def count(self) -> int:
         """Tasks certainly in it."""
-        return len(self.queue) + len(self.sent_back) if self.exact else self.lo
+        if self.worlds is None:
+            return self.lo
+        return min(len(w.queue) + len(w.sent_back) for w in self.worlds)
+
+    def known_tasks(self) -> int:
+        """Request tasks certainly tried so far and not launched: in it, or cancelled from it."""
+        if self.worlds is None:
+            return self.known_lo
+        return min(len(w.queue) + len(w.sent_back) + w.removed for w in self.worlds)
 
     def certainly_empty(self) -> bool:
-        return self.count() == 0 and (self.exact or (self.hi == 0 and self.retries_hi == 0))
+        if self.worlds is None:
+            return self.hi == 0 and self.retries_hi == 0
+        return all(not w.queue and not w.sent_back for w in self.worlds)
+
+    def _set(self, worlds: list[_World]) -> None:
+        unique: dict[tuple, _World] = {}
+        for w in worlds:
+            unique.setdefault(w.key(), w)
+        if not unique:  # no world explains the lines: keep what is certain only
+            self._to_bounds(self.worlds or [])
+            return
+        if len(unique) > MAX_WORLDS:
+            self._to_bounds(list(unique.values()))
+            return
+        self.worlds = list(unique.values())
+
+    def _to_bounds(self, worlds: list[_World]) -> None:
+        sizes = [len(w.queue) + len(w.sent_back) for w in worlds] or [0]
+        backs = [len(w.sent_back) for w in worlds] or [0]
+        self.lo, self.hi = min(sizes), max(sizes)
+        self.retries_lo, self.retries_hi = min(backs), max(backs)
+        self.known_lo = min((len(w.queue) + len(w.sent_back) + w.removed for w in worlds), default=0)
+        self.worlds = None
 
     def may_have_lost_one(self) -> None:
-        """A cancel line: a deferred task may have left (or it was another kind of task)."""
-        if self.count() == 0:
+        """A cancel line for a task that is not running: a deferred task left the queue (any
+        one of them), or it was another kind of task."""
+        if self.worlds is None:
+            if self.lo > 0:
+                self.lo -= 1
             return
-        if self.exact:
-            self.exact = False
-            self.lo = self.hi = len(self.queue) + len(self.sent_back)
-            self.retries_lo = self.retries_hi = len(self.sent_back)
-            self.queue, self.sent_back = [], []
-        self.lo -= 1
+        out = []
+        for w in self.worlds:
+            out.append(w)
+            for i in range(len(w.queue)):
+                out.append(_World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back), w.removed + 1))
+            for i in range(len(w.sent_back)):
+                out.append(_World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :], w.removed + 1))
+        self._set(out)
 
     def released(self, slot: int) -> None:
         """A slot stopped: one deferred task goes back to the front, the first one pinned to
         that slot, else the oldest."""
-        if self.exact:
-            if self.queue:
-                k = next((i for i, d in enumerate(self.queue) if d.pinned == slot), 0)
-                self.sent_back.append(self.queue.pop(k))
+        if self.worlds is None:
+            if self.lo > self.retries_lo:
+                self.retries_lo += 1
+            if self.hi > self.retries_hi:
+                self.retries_hi += 1
             return
-        if self.lo > self.retries_lo:
-            self.retries_lo += 1
-        if self.hi > self.retries_hi:
-            self.retries_hi += 1
+        for w in self.worlds:
+            if w.queue:
+                k = next((i for i, d in enumerate(w.queue) if d.pinned == slot), 0)
+                w.sent_back.append(w.queue.pop(k))
 
     def attempt(self, launched: bool, last_owner: int, pinned: int | None) -> int:
         """A task took its turn at the slots and launched or was deferred (again). It is the
         task a release sent back (which comes first) or a new one. Returns the last arrival
-        position its request can be at."""
-        if self.exact:
-            back = self.sent_back.pop() if self.sent_back else None
+        position its request can be at. A deferral shows whether the task was pinned, and to
+        which slot (``pinned``): a world whose task at the front asked otherwise is dropped."""
+        if self.worlds is None:
+            return self._attempt_bounds(launched, last_owner)
+        out, owners = [], []
+        for w in self.worlds:
+            back = w.sent_back[-1] if w.sent_back else None
+            if back is not None and not launched and back.pinned != pinned:
+                continue  # the task at its front would have been tried otherwise
+            if back is not None:
+                w.sent_back.pop()
             if not launched:
-                self.queue.append(back or _Deferred(last_owner, pinned))
-            elif back is not None:
-                return back.last_owner
-        elif self.retries_lo > 0:  # certainly a retry
+                w.queue.append(back or _Deferred(last_owner, pinned))
+            owners.append(back.last_owner if back is not None else last_owner)
+            out.append(w)
+        if not out:  # no world explains it: what is certain only
+            self._to_bounds(self.worlds)
+            return self._attempt_bounds(launched, last_owner)
+        self._set(out)
+        return max(owners)
+
+    def _attempt_bounds(self, launched: bool, last_owner: int) -> int:
+        if self.retries_lo > 0:  # certainly a retry
             self.retries_lo -= 1
             self.retries_hi -= 1
             if launched:
                 self.lo = max(0, self.lo - 1)
                 self.hi -= 1
+                self.known_lo = max(0, self.known_lo - 1)
         elif self.retries_hi > 0:  # a retry or a new task
             self.retries_hi -= 1
             if not launched:
                 self.hi += 1
             else:
                 self.lo = max(0, self.lo - 1)
+                self.known_lo = max(0, self.known_lo - 1)
         elif not launched:  # certainly a new task
             self.lo += 1
             self.hi += 1
+            self.known_lo += 1
         return last_owner
 
     def shift(self, k: int) -> None:
         """The first k arrivals were forgotten."""
-        for d in self.queue + self.sent_back:
-            d.last_owner -= k
+        for w in self.worlds or ():  # the worlds share their tasks: new ones
+            w.queue = [_Deferred(d.last_owner - k, d.pinned) for d in w.queue]
+            w.sent_back = [_Deferred(d.last_owner - k, d.pinned) for d in w.sent_back]
 
 
 class HeaderJoin:
@@ -208,6 +287,7 @@ class HeaderJoin:
     def _reset(self) -> None:
         self._arrivals: list[_Arrival] = []
         self._open: list[int] = []  # unsettled arrivals (positions)
+        self._params_lines = 0  # "chat format" lines logged since, by the unsettled arrivals at most
         self._cluster = 0
         self._definite: list[int] = []  # request task ids seen (launched or failed), sorted
         self._last_owner: dict[int, int] = {}  # task id -> its request is at this position or before
@@ -220,6 +300,7 @@ class HeaderJoin:
         self._last_arrival_us = 0
         self._last_activity_us = 0
         self._continues: dict[int, tuple[int, ...]] = {}  # unresolved task -> tasks whose state it continues
+        self._continued_by: dict[int, list[int]] = {}  # unresolved task -> later tasks that continue its state
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
 
     def start_of_process(self) -> None:
@@ -243,6 +324,7 @@ class HeaderJoin:
         if res is None:
             self._unresolved.discard(task)
             self._continues.pop(task, None)
+            self._continued_by.pop(task, None)
             res = self._store(task, (UNCERTAIN, ""))
         return res
 
@@ -257,6 +339,7 @@ class HeaderJoin:
             self._store(task, (UNCERTAIN, ""))
         self._unresolved.clear()
         self._continues.clear()
+        self._continued_by.clear()
 
     # ------------------------------------------------------------ inputs, in log order
     def arrival(self, name: str, now_us: int, all_idle: bool) -> None:
@@ -275,19 +358,28 @@ class HeaderJoin:
             self.aligned = False
 
     def params_read(self, now_us: int) -> None:
-        """A chat request's ``chat format`` line: the only unsettled arrival has its id."""
+        """A chat request's ``chat format`` line: one unsettled arrival has its id. Each
+        request logs it once: once the unsettled arrivals have logged as many of these lines as
+        they are, every one of them has its id."""
         self._settle_old(now_us)
-        if len(self._open) == 1:
+        if not self._open:
+            return
+        self._params_lines += 1
+        if self._params_lines >= len(self._open):
             self._settle_open(now_us)
 
     def _settle_old(self, now_us: int) -> None:
         while self._open and now_us - self._arrivals[self._open[0]].at_us > ID_DELAY_US:
-            self._arrivals[self._open.pop(0)].settled_us = now_us
+            a = self._arrivals[self._open.pop(0)]
+            a.settled_us = a.at_us + ID_DELAY_US  # it had its id by then (the rule)
+            # it may have logged one of the lines counted: count it as if it had
+            self._params_lines = max(0, self._params_lines - 1)
 
     def _settle_open(self, at_us: int) -> None:
         for k in self._open:
             self._arrivals[k].settled_us = at_us
         self._open.clear()
+        self._params_lines = 0
 
     def all_slots_idle(self, now_us: int) -> None:
         """``all slots are idle``: the main loop has just tried every queued task and none
@@ -308,7 +400,7 @@ class HeaderJoin:
             a.settled_us is None or now_us - a.settled_us <= POSTED_AFTER_US for a in self._arrivals
         ):
             return
-        self._resolve_all(everything_seen=True)
+        self._resolve_all(final=True)
         seen = len(self._definite) + len(self._ambiguous)
         self.dropped_arrivals += max(0, len(self._arrivals) - seen)
         self._fail_unresolved()
@@ -343,6 +435,9 @@ class HeaderJoin:
         self._last_activity_us = now_us
         if continues:
             self._continues[task] = continues
+            for parent in continues:  # the same conversation both ways
+                if parent in self._unresolved:
+                    self._continued_by.setdefault(parent, []).append(task)
         self._attempt(task, None)
 
     def cancelled(self, task: int) -> None:
@@ -402,10 +497,10 @@ class HeaderJoin:
     def _count_rule(self) -> None:
         """As many request tasks as arrivals exist: every arrival has taken its id (and its
         task was posted: it was tried)."""
-        if self._open and len(self._definite) + self._deferred.count() >= len(self._arrivals):
+        if self._open and len(self._definite) + self._deferred.known_tasks() >= len(self._arrivals):
             self._settle_open(self._last_activity_us - POSTED_AFTER_US - 1)
 
-    def _resolve_all(self, everything_seen: bool = False) -> None:
+    def _resolve_all(self, final: bool = False) -> None:
         if not self._unresolved and not self._arrivals:
             return
         # rank bounds: r(y) <= last_owner(y) for every task y (all ids below y were taken by
@@ -418,22 +513,22 @@ class HeaderJoin:
         for i in range(len(ids) - 1, -1, -1):
             best = min(best, self._last_owner[ids[i]] - i)
             suffix_min[i] = best
-        everything_seen = everything_seen or len(ids) + len(self._ambiguous) >= len(self._arrivals)
         progress = True
         while progress and self._unresolved:  # a task settled may settle another (claims, continuations)
             progress = False
             for task in sorted(self._unresolved):
                 j = bisect.bisect_left(ids, task)
-                res = self._resolve(task, j, j + suffix_min[j], everything_seen)
+                res = self._resolve(task, j, j + suffix_min[j], final)
                 if res is not None:
                     self._unresolved.discard(task)
                     self._continues.pop(task, None)
+                    self._continued_by.pop(task, None)
                     self._store(task, res)
                     progress = True
         self._maybe_rebase()
         self._prune(suffix_min)
 
-    def _resolve(self, task: int, lo: int, hi: int, everything_seen: bool) -> tuple[str, str] | None:
+    def _resolve(self, task: int, lo: int, hi: int, final: bool) -> tuple[str, str] | None:
         """The task's rank r lies in [lo, hi]. The arrivals of one cluster hold the ranks of
         their positions in some order, so the owner is in the cluster of a position in
         [lo, hi], at or before its last possible position."""
@@ -458,7 +553,9 @@ class HeaderJoin:
             if name is None or name not in names:
                 if name is None and self._continues_pending(task):
                     return None  # what it continues is not named yet
-                return (UNCERTAIN, "") if everything_seen else None
+                # a later line may still settle it (a neighbour proven, a continuation, an
+                # idle server): it stays open until the join starts afresh
+                return (UNCERTAIN, "") if final else None
         at = [k for k in free if arrivals[k].name == name]
         if len(at) == 1:
             claimed[at[0]] = task
@@ -481,12 +578,15 @@ class HeaderJoin:
         return any(parent in self._unresolved for parent in self._continues.get(task, ()))
 
     def _continued_name(self, task: int) -> str | None:
-        """The conversation whose earlier state the task's prompt contains whole, if the
-        tasks that computed that state are all named after one conversation id."""
+        """The conversation of the tasks this one continues (whose whole state its prompt
+        contains) and of those that continue it, if every one of them that is named is named
+        after one conversation id and none of them was found to be another's."""
         names = set()
-        for parent in self._continues.get(task, ()):
-            res = self._results.get(parent)
-            if res is None or res[0] != HEADER:
+        for other in (*self._continues.get(task, ()), *self._continued_by.get(task, ())):
+            res = self._results.get(other)
+            if res is None:
+                continue
+            if res[0] != HEADER:
                 return None
             names.add(res[1])
         return names.pop() if len(names) == 1 else None
