@@ -3,6 +3,7 @@ responses, reading metrics. Test files import from here, never from each other."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -71,12 +72,28 @@ def grouping_accuracy(pairs: list[tuple[str, str]]) -> float:
     return sum(first[g] == c for c, g in pairs) / len(pairs)
 
 
-def replay(lines, ps=None) -> list[RequestRecord]:
+def replay(lines, ps=None, proven: bool = True) -> list[RequestRecord]:
+    """The records of a log; with ``proven``, each as the conversation series and analyze see
+    it: a conversation proven after its record went out (the record said "uncertain") applied."""
     recs: list[RequestRecord] = []
-    pl = Pipeline(CollectorRegistry(), on_record=recs.append, clock=lambda: 0.0, pseudonymize=ps or Pseudonymizer(SALT))
+    proofs: dict[tuple, tuple[str, str]] = {}
+    pl = Pipeline(
+        CollectorRegistry(),
+        on_record=recs.append,
+        on_proof=lambda r, conv, source: proofs.__setitem__((r.epoch, r.task), (conv, source)),
+        clock=lambda: 0.0,
+        pseudonymize=ps or Pseudonymizer(SALT),
+    )
     for line in lines:
         pl.process_line(line, 0.0)
     pl.flush()
+    if proven:
+        recs = [
+            dataclasses.replace(r, conversation=proofs[k][0], conversation_source=proofs[k][1])
+            if (k := (r.epoch, r.task)) in proofs
+            else r
+            for r in recs
+        ]
     return recs
 
 

@@ -182,7 +182,7 @@ def test_below_lv4_a_continuation_joins_the_conversation_it_continues():
     att.lineage_only = True
     att.launched(1, None)
     att.launched(2, (0, 1))
-    first, second = att.final_conversation(0, 1), att.final_conversation(0, 2)
+    first, second = att.conversation_now(0, 1), att.conversation_now(0, 2)
     assert first == ("c-lineage:0:1", "lineage") and second == first
 
 

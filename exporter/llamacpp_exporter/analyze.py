@@ -124,6 +124,7 @@ class FileEnd:
 @dataclass
 class LogReading:
     records: list[RequestRecord]
+    proofs: dict[tuple, tuple[str, str]]  # (slot, task, start_us) -> conversation proven after its record
     pipeline: Pipeline  # its counters: lines read, unrecognized, restarts
     lines: int
     history: History | None  # the metrics over time, when a step was given
@@ -141,11 +142,17 @@ def read_logs(
     """Every file in turn through one pipeline (a rotated set is one stream; a server start
     inside it is a new run)."""
     records: list[RequestRecord] = []
+    proofs: dict[tuple, tuple[str, str]] = {}
+
+    def proven(rec: RequestRecord, conversation: str, source: str) -> None:
+        proofs[(rec.slot, rec.task, rec.start_us)] = (conversation, source)
+
     # log time only: a replay must not expire conversation costs by the wall clock
     pl = Pipeline(
         CollectorRegistry(),
         settings,
         on_record=records.append,
+        on_proof=proven,
         clock=lambda: 0.0,
         pseudonymize=pseudonymize,
         # the whole log is one window: the clock stands still at 0 while it is read
@@ -181,7 +188,7 @@ def read_logs(
     if history is not None:
         history.sample(a.epoch, a.clock.now, final=True)
     bar.close()
-    return LogReading(records, pl, n, history, ends, problems)
+    return LogReading(records, proofs, pl, n, history, ends, problems)
 
 
 def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
@@ -229,19 +236,43 @@ def _as_record(obj: Any) -> dict[str, Any] | None:
     return rec if all(_RECORD_FIELDS[k](v) for k, v in rec.items()) else None
 
 
+def _as_proof(obj: Any) -> tuple[tuple, tuple[str, str]] | None:
+    """A conversation proven after its record was written (a line of its own)."""
+    if not isinstance(obj, dict) or obj.get("proof") != "conversation":
+        return None
+    key = (obj.get("slot"), obj.get("task"), obj.get("start_us"))
+    conv, source = obj.get("conversation"), obj.get("conversation_source")
+    if not all(isinstance(v, int) for v in key) or not isinstance(conv, str) or source not in ("header", "lineage"):
+        return None
+    return key, (conv, source)
+
+
+def apply_proofs(records: list[dict[str, Any]], proofs: dict[tuple, tuple[str, str]]) -> None:
+    for r in records:
+        proof = proofs.get(_key(r))
+        if proof is not None and r.get("conversation_source") == "uncertain":
+            r["conversation"], r["conversation_source"] = proof
+
+
 def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
-    """The exporter's events files: one record per line. Lines that are not records are
-    counted, never fatal."""
+    """The exporter's events files: one record per line, and the conversations proven after
+    their record was written (applied to it). Lines that are neither are counted, never fatal."""
     out: list[dict[str, Any]] = []
+    proofs: dict[tuple, tuple[str, str]] = {}
     bad = 0
     for path in paths:
         try:
             with _open(path) as fh:
                 for line in fh:
                     try:
-                        rec = _as_record(json.loads(line))
+                        obj = json.loads(line)
                     except ValueError:
-                        rec = None
+                        obj = None
+                    proof = _as_proof(obj)
+                    if proof is not None:
+                        proofs[proof[0]] = proof[1]
+                        continue
+                    rec = _as_record(obj)
                     if rec is None:
                         bad += 1
                     else:
@@ -249,6 +280,7 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
         except (OSError, EOFError) as e:
             log.warning("%s: read up to here, the rest is unreadable: %s", path, _why(e))
             bad += 1
+    apply_proofs(out, proofs)
     return out, bad
 
 
@@ -292,6 +324,7 @@ def analyze(
     if reading.problems:
         sources["files_not_read_to_the_end"] = reading.problems
     records = [r.to_event() for r in reading.records]
+    apply_proofs(records, reading.proofs)
     if events:
         # an events record was written by an exporter that polled /slots: it knows the LoRA
         # a bare log lacks, so it stands for its task; the log adds the tasks it missed

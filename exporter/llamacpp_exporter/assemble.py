@@ -163,8 +163,12 @@ class Assembler:
         if handler is not None:
             handler(ev)
         self._epoch_lines += 1
-        if self.finisher.pending and kind in _UNBLOCKING:
-            self.finisher.try_finish(clock.now)
+        fin = self.finisher
+        if fin.pending and (kind in _UNBLOCKING or clock.now > fin.next_deadline):
+            fin.try_finish(clock.now)
+        att = self.attribution
+        if att.late or att.late_costs:
+            att.maybe_prove_late()
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
         self.finisher.snapshot_seq += 1
@@ -180,7 +184,7 @@ class Assembler:
                 continue
             d.seen_in_slots(s)
         if self.finisher.pending:
-            self.finisher.try_finish(self.clock.now)
+            self.finisher.try_finish(self.clock.now, at_line=False)
 
     def feed_adapters(self, adapters: LoraAdapters) -> None:
         self.lora.global_scales = adapters.scales
@@ -360,6 +364,7 @@ _UNBLOCKING = frozenset(
         p.ServerStarting,
         p.SlotBusy,
         p.AllSlotsIdle,
+        p.RequestParamsRead,
         p.ConversationArrived,
         p.TaskLaunchFailed,
     }

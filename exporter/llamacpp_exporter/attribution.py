@@ -16,13 +16,19 @@ from typing import Protocol
 from . import parse as p
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
 from .promptcache import CONTAINED_MIN_TOKENS, Selection
+from .records import RequestRecord
 
 TaskKey = tuple[int, int]  # (epoch, task)
 Conversation = tuple[str | None, str]  # (pseudonym or None, source: header, lineage, uncertain)
 
 MAX_TASKS = 4096
 MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
-JOIN_MAX_WAIT_US = 60_000_000  # a record whose conversation is not proven by then says "uncertain"
+# A record waits at most this long (log time after its end) for its conversation, then goes out
+# "uncertain"; a conversation proven later still reaches the conversation series.
+JOIN_WAIT_US = 5_000_000
+LATE_PROOF_US = 300_000_000  # how long after its end a record's conversation may still be proven
+EVICTION_WAIT_US = 60_000_000  # how long an eviction waits to learn whose entry it was
+MAX_LATE = 1024
 # A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP = 0.9
@@ -32,6 +38,7 @@ CONTINUATION_F_KEEP = 0.9995  # printed as 1.000: the slot's whole state is a pr
 class AttributionSink(Protocol):
     def conversation_cost(self, conversation: str, seconds: float) -> None: ...
     def conversation_arrival_dropped(self) -> None: ...
+    def conversation_proven(self, record: RequestRecord, conversation: str, source: str) -> None: ...
 
 
 class Attribution:
@@ -56,6 +63,11 @@ class Attribution:
         self._evicted_unresolved: list[tuple[TaskKey, int]] = []
         self.join = HeaderJoin()
         self._dropped_seen = 0
+        # records that went out before their conversation was proven, and the decode time
+        # their prefills overlapped on other slots since: waiting for a late proof
+        self.late: OrderedDict[TaskKey, RequestRecord] = OrderedDict()
+        self.late_costs: dict[TaskKey, float] = {}
+        self.late_version = -1
 
     def new_epoch(self, epoch: int, n_slots: int | None) -> None:
         """A new server process: a new join, aligned at its start banner or an idle spell."""
@@ -63,6 +75,8 @@ class Attribution:
         self.join = HeaderJoin()
         self.join.n_slots = n_slots
         self._dropped_seen = 0
+        self.late.clear()  # nothing of the old process can be proven any more
+        self.late_costs.clear()
 
     # ------------------------------------------------------------ the join's lines
     def arrival(self, ev: p.ConversationArrived) -> None:
@@ -96,10 +110,41 @@ class Attribution:
         while self._dropped_seen < self.join.dropped_arrivals:
             self._dropped_seen += 1
             self.sink.conversation_arrival_dropped()
+        self.maybe_prove_late()
+
+    def maybe_prove_late(self) -> None:
+        if (self.late or self.late_costs) and self.join.version != self.late_version:
+            self._prove_late()
+
+    def _prove_late(self) -> None:
+        """The join settled something: hand on the conversations proven since their records
+        went out."""
+        self.late_version = self.join.version
+        horizon = self.now() - LATE_PROOF_US
+        for key, rec in list(self.late.items()):
+            conv = self.conversation(*key)
+            if conv is None:
+                if (rec.end_us or 0) < horizon:
+                    del self.late[key]
+                    self.join.give_up(key[1])
+                continue
+            del self.late[key]
+            if conv[0] is not None:
+                self.sink.conversation_proven(rec, conv[0], conv[1])
+        for key, seconds in list(self.late_costs.items()):
+            conv = self.conversation(*key)
+            if conv is not None:
+                del self.late_costs[key]
+                if conv[0] is not None:
+                    self.sink.conversation_cost(conv[0], seconds)
+            elif not self.join.pending(key[1]):
+                del self.late_costs[key]
 
     # ------------------------------------------------------------ answers
-    def conversation(self, epoch: int, task: int, give_up: bool = False) -> Conversation | None:
-        """(pseudonym or None, source) of a task once the log proves it, else None.
+    def conversation(self, epoch: int, task: int, now: bool = False) -> Conversation | None:
+        """(pseudonym or None, source) of a task once the log proves it, else None; with
+        ``now``, what the log proves so far ("uncertain" while the join still works on it,
+        nothing stored: a later line may still prove it).
 
         header: the request's X-Conversation-Id. lineage: it sent none, so the conversation
         is that of the state it continued, if that state's conversation was itself found by
@@ -116,9 +161,7 @@ class Attribution:
             if res is None and not self.join.pending(task):
                 res = (UNCERTAIN, "")  # a child task, or one the join never saw launch
         if res is None:
-            if not give_up:
-                return None
-            res = self.join.give_up(task)
+            return (None, "uncertain") if now else None
         source, name = res
         if source == HEADER:
             out: Conversation = (name, "header")
@@ -129,9 +172,9 @@ class Attribution:
             parent = self._lineage_parent.get(key)
             if parent is not None:
                 pc = self.conversation(*parent)
-                if pc is None and not give_up:
-                    return None
-                if pc is not None and pc[1] == "lineage":
+                if pc is None:
+                    return (None, "uncertain") if now else None
+                if pc[1] == "lineage":
                     conv = pc[0]
             out = (conv or self.pseudonymize(f"lineage:{epoch}:{task}"), "lineage")
         self._conv[key] = out
@@ -139,11 +182,26 @@ class Attribution:
             self._conv.popitem(last=False)
         return out
 
-    def final_conversation(self, epoch: int, task: int) -> Conversation:
-        """The conversation as far as the log proves it now: waiting is over."""
-        conv = self.conversation(epoch, task, give_up=True)
-        assert conv is not None  # give_up always answers
+    def conversation_now(self, epoch: int, task: int) -> Conversation:
+        """The conversation as far as the log proves it now: the record waits no longer."""
+        conv = self.conversation(epoch, task, now=True)
+        assert conv is not None  # now always answers
         return conv
+
+    def went_out(self, rec: RequestRecord, proven: bool) -> None:
+        """A record went out; if its conversation was not proven yet, a late proof still
+        counts its request in the conversation series."""
+        key = (rec.epoch, rec.task)
+        if proven or rec.epoch != self.epoch or rec.conversation_source != "uncertain":
+            return
+        conv = self.conversation(*key)
+        if conv is not None:  # proven while the record waited for something else
+            if conv[0] is not None:
+                self.sink.conversation_proven(rec, conv[0], conv[1])
+            return
+        self.late[key] = rec
+        if len(self.late) > MAX_LATE:
+            self.late.popitem(last=False)
 
     def entry_evicted(self, source: TaskKey) -> None:
         self._evicted_unresolved.append((source, self.now()))
@@ -154,7 +212,7 @@ class Attribution:
         for source, at in self._evicted_unresolved:
             conv = self.conversation(*source)
             if conv is None:
-                if self.now() - at < JOIN_MAX_WAIT_US:
+                if self.now() - at < EVICTION_WAIT_US:
                     still.append((source, at))
                 continue
             if conv[0] is not None and conv[1] == "header":
@@ -184,6 +242,9 @@ class Attribution:
             known = self.conversation(self.epoch, task)
             if known is not None and known[0] is not None:
                 by_conv[known[0]] = by_conv.get(known[0], 0) + hi - lo
+            elif known is None and len(self.late_costs) < MAX_LATE:  # charged once proven
+                key = (self.epoch, task)
+                self.late_costs[key] = self.late_costs.get(key, 0.0) + (hi - lo) / 1e6
         for conv, us in by_conv.items():
             self.sink.conversation_cost(conv, us / 1e6)
         return max(by_conv, key=lambda c: by_conv[c]) if by_conv else None

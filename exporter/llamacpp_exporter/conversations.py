@@ -118,16 +118,24 @@ class ConversationCosts:
                 d[-1][1] += rec.time_per_output_token_seconds
                 d[-1][2] += 1
                 self._expire(d, now)
-            if rec.conversation is None:
-                return
-            c = self._conv(rec.conversation, now)
-            self._add(c, now, 1, rec.prefill_seconds or 0.0)
-            self._add(c, now, 3, rec.wasted_prompt_tokens or 0)
-            self._add(c, now, 4, 1)
-            c.slot, c.prompt_tokens, c.reused_tokens = rec.slot, rec.prompt_tokens, rec.reused_tokens
-            if rec.miss_cause:
-                c.miss_cause = rec.miss_cause
-            self._expire_conv(c, self._oldest(now))
+            if rec.conversation is not None:
+                self._count(rec.conversation, rec, now)
+
+    def proven(self, conversation: str, rec: RequestRecord) -> None:
+        """A record that went out "uncertain" turned out to be this conversation's request."""
+        now = self.clock()
+        with self._lock:
+            self._count(conversation, rec, now)
+
+    def _count(self, conversation: str, rec: RequestRecord, now: float) -> None:
+        c = self._conv(conversation, now)
+        self._add(c, now, 1, rec.prefill_seconds or 0.0)
+        self._add(c, now, 3, rec.wasted_prompt_tokens or 0)
+        self._add(c, now, 4, 1)
+        c.slot, c.prompt_tokens, c.reused_tokens = rec.slot, rec.prompt_tokens, rec.reused_tokens
+        if rec.miss_cause:
+            c.miss_cause = rec.miss_cause
+        self._expire_conv(c, self._oldest(now))
 
     def cost(self, conversation: str, seconds: float) -> None:
         now = self.clock()

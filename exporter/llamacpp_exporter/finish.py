@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import classify, lora
-from .attribution import JOIN_MAX_WAIT_US, Attribution
+from .attribution import JOIN_WAIT_US, Attribution
 from .lora import LoraTracker
 from .records import RequestRecord, TaskDraft
 from .timeline import PrefillTimeline, union_us
@@ -51,10 +51,12 @@ class Finisher:
         self.pending: list[TaskDraft] = []
         self.prefills = PrefillTimeline()  # the current epoch's, set by the assembler
         self.snapshot_seq = 0  # /slots snapshots seen
+        self.next_deadline = 1 << 62  # the earliest log time a waiting record stops waiting for the join
 
     def add(self, d: TaskDraft) -> None:
         d.released_seq = self.snapshot_seq
         self.pending.append(d)
+        self.next_deadline = min(self.next_deadline, (d.end_us or 0) + JOIN_WAIT_US)
         if len(self.pending) > MAX_PENDING:
             self._finish(self.pending[0])
 
@@ -80,19 +82,35 @@ class Finisher:
             return True
         return self.prefills.settled_before(d.slot, d.end_us)
 
-    def try_finish(self, now: int) -> None:
+    def try_finish(self, now: int, at_line: bool = True) -> None:
+        """at_line: called for a log line (the conversations are fixed only then, so that a
+        record says the same whether /slots let it go out now or a replay did earlier)."""
+        deadline = 1 << 62
         for d in list(self.pending):
             waited = now - (d.end_us or now)
+            if at_line and d.conversation is None:
+                self._fix_conversation(d, waited > JOIN_WAIT_US)
             if waited > self.settings.max_wait_us or (
-                self._lora_resolved(d)
-                and self._overlap_resolved(d)
-                and (waited > JOIN_MAX_WAIT_US or self._conversations_known(d))
+                d.conversation is not None and self._lora_resolved(d) and self._overlap_resolved(d)
             ):
                 self._finish(d)
+            elif d.conversation is None:
+                deadline = min(deadline, (d.end_us or now) + JOIN_WAIT_US)
+        self.next_deadline = deadline
+
+    def _fix_conversation(self, d: TaskDraft, waited_enough: bool) -> None:
+        att = self.attribution
+        if d.is_child:
+            d.conversation, d.conversation_proven = (None, None), True  # type: ignore[assignment]
+        elif self._conversations_known(d):
+            d.conversation, d.conversation_proven = att.conversation_now(d.epoch, d.task), True
+        elif waited_enough:
+            d.conversation = att.conversation_now(d.epoch, d.task) if d.epoch == att.epoch else (None, "uncertain")
 
     def finish_all(self) -> None:
         for d in list(self.pending):
             self._finish(d)
+        self.next_deadline = 1 << 62
 
     def _overlapping(self, d: TaskDraft):
         """(task, from, to) for every other slot's prefill during this task's decoding."""
@@ -105,7 +123,12 @@ class Finisher:
     def _finish(self, d: TaskDraft) -> None:
         self.pending.remove(d)
         st = self.settings
-        conv, conv_source = (None, None) if d.is_child else self.attribution.final_conversation(d.epoch, d.task)
+        if d.conversation is None:  # the end of the input, or it waited max_wait_us
+            known = d.is_child or self._conversations_known(d)
+            self._fix_conversation(d, True)
+            d.conversation_proven = bool(known)
+        assert d.conversation is not None
+        conv, conv_source = d.conversation
         request = d.lora_request if d.lora_request is not None else self.lora.of_task((d.epoch, d.task))
         lora_config = self.lora.config(request)
         entry_lora_config = self.lora.config(self.lora.of_task(d.entry_source))
@@ -152,48 +175,49 @@ class Finisher:
             overlap = union_us([(lo, hi) for _, lo, hi in overlaps]) / 1e6
             contention = "prefill" if overlap / d.decode_seconds > st.contention_fraction else "none"
             largest = self.prefills.largest_overlapping(d.slot, d.decode_start_us, d.decode_end_us)
-        self.emit(
-            RequestRecord(
-                epoch=d.epoch,
-                slot=d.slot,
-                task=d.task,
-                path=d.path,
-                lora=lora.state(request),
-                lora_config=lora_config,
-                prompt_tokens=d.prompt_tokens,
-                reused_tokens=d.reused_tokens,
-                reuse_source=d.reuse_source,
-                slot_tokens_before=d.slot_tokens_before,
-                state_source_task=d.state_source_task,
-                compared_entries=d.compared_entries,
-                ram_consulted=d.ram_consulted,
-                ram_candidates=d.ram_candidates,
-                ram_best_f_sim=d.ram_best_f_sim,
-                ram_restored=d.ram_restored,
-                restored_tokens=d.restored_tokens,
-                restored_entry_lora_config=entry_lora_config,
-                restore_result=restore_result,
-                lora_mismatch_reuse=mismatch,
-                lora_cache_cleared=d.lora_cache_cleared,
-                forced_reprocess=d.forced_reprocess,
-                outcome=outcome,
-                miss_cause=miss_cause,
-                small_task_takeover=takeover,
-                prefill_seconds=d.prefill_seconds,
-                prefill_tokens=d.prefill_tokens,
-                generated_tokens=d.generated_tokens,
-                decode_seconds=d.decode_seconds,
-                time_per_output_token_seconds=d.time_per_output_token_seconds,
-                overlap_seconds=overlap,
-                contention=contention,
-                overlapping_prefill_tokens=largest,
-                conversation=conv,
-                conversation_source=conv_source,
-                wasted_prompt_tokens=wasted,
-                slowed_by_conversation=slowed_by,
-                cancelled=d.cancelled,
-                failed=d.failed,
-                start_us=d.start_us,
-                end_us=d.end_us,
-            )
+        rec = RequestRecord(
+            epoch=d.epoch,
+            slot=d.slot,
+            task=d.task,
+            path=d.path,
+            lora=lora.state(request),
+            lora_config=lora_config,
+            prompt_tokens=d.prompt_tokens,
+            reused_tokens=d.reused_tokens,
+            reuse_source=d.reuse_source,
+            slot_tokens_before=d.slot_tokens_before,
+            state_source_task=d.state_source_task,
+            compared_entries=d.compared_entries,
+            ram_consulted=d.ram_consulted,
+            ram_candidates=d.ram_candidates,
+            ram_best_f_sim=d.ram_best_f_sim,
+            ram_restored=d.ram_restored,
+            restored_tokens=d.restored_tokens,
+            restored_entry_lora_config=entry_lora_config,
+            restore_result=restore_result,
+            lora_mismatch_reuse=mismatch,
+            lora_cache_cleared=d.lora_cache_cleared,
+            forced_reprocess=d.forced_reprocess,
+            outcome=outcome,
+            miss_cause=miss_cause,
+            small_task_takeover=takeover,
+            prefill_seconds=d.prefill_seconds,
+            prefill_tokens=d.prefill_tokens,
+            generated_tokens=d.generated_tokens,
+            decode_seconds=d.decode_seconds,
+            time_per_output_token_seconds=d.time_per_output_token_seconds,
+            overlap_seconds=overlap,
+            contention=contention,
+            overlapping_prefill_tokens=largest,
+            conversation=conv,
+            conversation_source=conv_source,
+            wasted_prompt_tokens=wasted,
+            slowed_by_conversation=slowed_by,
+            cancelled=d.cancelled,
+            failed=d.failed,
+            start_us=d.start_us,
+            end_us=d.end_us,
         )
+        self.emit(rec)
+        if not d.is_child:
+            self.attribution.went_out(rec, d.conversation_proven)

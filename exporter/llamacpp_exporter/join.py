@@ -280,6 +280,7 @@ class HeaderJoin:
         self.n_slots: int | None = None
         self.dropped_arrivals = 0
         self.last_max_id = -1
+        self.version = 0  # results stored so far
         self._results: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._reset()
 
@@ -329,6 +330,7 @@ class HeaderJoin:
         return res
 
     def _store(self, task: int, res: tuple[str, str]) -> tuple[str, str]:
+        self.version += 1
         self._results[task] = res
         if len(self._results) > MAX_RESULTS:
             self._results.popitem(last=False)
@@ -396,9 +398,7 @@ class HeaderJoin:
                 self._reset()
                 self.aligned = True
             return
-        if self._open or any(
-            a.settled_us is None or now_us - a.settled_us <= POSTED_AFTER_US for a in self._arrivals
-        ):
+        if self._open or any(a.settled_us is None or now_us - a.settled_us <= POSTED_AFTER_US for a in self._arrivals):
             return
         self._resolve_all(final=True)
         seen = len(self._definite) + len(self._ambiguous)

@@ -51,12 +51,16 @@ class EventsFile:
         self._last_error_log = 0.0
 
     def write(self, rec: RequestRecord) -> None:
+        self._append(rec.to_event(), counted=True)
+
+    def _append(self, obj: dict, counted: bool) -> None:
         try:
             if self._fh is None:
                 self._fh = open(self.path, "a", encoding="utf-8")
-            self._fh.write(json.dumps(rec.to_event(), separators=(",", ":")) + "\n")
+            self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
             self._fh.flush()
-            self.records_written.inc()
+            if counted:
+                self.records_written.inc()
         except OSError as e:
             self.events_errors.inc()
             self._fh = None
@@ -64,6 +68,22 @@ class EventsFile:
             if now - self._last_error_log > 60:
                 self._last_error_log = now
                 log.warning("cannot write events file %s: %s", self.path, e.strerror)
+
+    def write_proof(self, rec: RequestRecord, conversation: str, source: str) -> None:
+        """The conversation of a record written before it was proven: a line of its own,
+        naming the record by its slot, task and start (analyze applies it to the record)."""
+        self._append(
+            {
+                "proof": "conversation",
+                "epoch": rec.epoch,
+                "slot": rec.slot,
+                "task": rec.task,
+                "start_us": rec.start_us,
+                "conversation": conversation,
+                "conversation_source": source,
+            },
+            counted=False,
+        )
 
     def close(self) -> None:
         if self._fh is not None:
@@ -87,6 +107,11 @@ class _Facts:
         self.out_of_order_lines = metrics.out_of_order_lines
         self.conversation_arrival_dropped = metrics.conversation_arrival_dropped
         self.conversation_cost = costs.cost
+        self.proof_consumers: list[Callable[[RequestRecord, str, str], None]] = []
+
+    def conversation_proven(self, record: RequestRecord, conversation: str, source: str) -> None:
+        for consume in self.proof_consumers:
+            consume(record, conversation, source)
 
     def slots_known(self, slot_ids: list[int]) -> None:
         self.metrics.slots_known(slot_ids)
@@ -143,6 +168,7 @@ class Pipeline:
         slots_polled: bool = False,
         request_slots_poll: Callable[[bool], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
+        on_proof: Callable[[RequestRecord, str, str], None] | None = None,
         clock: Callable[[], float] = time.time,
         pseudonymize: Callable[[str], str] | None = None,
         costs: ConversationCosts | None = None,
@@ -160,8 +186,16 @@ class Pipeline:
         if on_record is not None:
             self.consumers.append(on_record)
         self.records_out = 0
+        facts = _Facts(self.metrics, self.requests, self.costs)
+        # a conversation proven after its record went out: to the conversation series, the
+        # events file and a caller's callback
+        facts.proof_consumers.append(lambda rec, conv, _source: self.costs.proven(conv, rec))
+        if self.events is not None:
+            facts.proof_consumers.append(self.events.write_proof)
+        if on_proof is not None:
+            facts.proof_consumers.append(on_proof)
         self.assembler = Assembler(
-            _Facts(self.metrics, self.requests, self.costs),
+            facts,
             settings,
             on_record=self._emit,
             slots_polled=slots_polled,

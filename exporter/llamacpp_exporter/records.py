@@ -122,6 +122,11 @@ class TaskDraft:
     failed: bool = False
     end_us: int | None = None
     released_seq: int | None = None  # /slots snapshots seen when it was released
+    # its conversation as the record will say it: fixed at the first line that proves it (or
+    # its overlaps' conversations), or once it waited JOIN_WAIT_US; then the same live and in
+    # a replay, whenever /slots lets the record go out
+    conversation: tuple[str | None, str] | None = None
+    conversation_proven: bool = False
 
     def seen_in_slots(self, s: SlotState) -> None:
         """The task as /slots shows it while it runs: its LoRA list, and (below -lv 4) the
