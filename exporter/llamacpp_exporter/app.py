@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 POSITION_SAVE_INTERVAL = 1.0  # seconds; and at every orderly stop
 _STOP = object()
 _OVERSIZED = object()
+QUIET_SECONDS = 0.5
+_CATCH_UP = object()  # the lines that follow were written before the exporter started
+_CAUGHT_UP = object()
 LINE_BATCH = 512  # lines per queue item: a queue put and get per batch, not per line
 QUEUE_ITEMS = 64  # line batches, snapshots, positions: at most about 32k lines wait for the pipeline
 
@@ -285,6 +288,7 @@ class Exporter:
                     from_start=lc.log_from_start,
                     resume=load_position(self.position_path) if self.position_path else None,
                     on_position=self._put if self.position_path else None,
+                    on_catch_up=lambda started: self._put(_CATCH_UP if started else _CAUGHT_UP),
                 )
                 follow_file(follower, self.stop, lc.log_poll_interval_seconds)
         except Exception:
@@ -296,7 +300,11 @@ class Exporter:
         pl = self.pipeline
         process_line = pl.process_line
         while True:
-            item = self.q.get()
+            try:
+                item = self.q.get(timeout=QUIET_SECONDS)
+            except queue.Empty:
+                pl.quiet()  # the log is quiet: records waiting for the join go out in time
+                continue
             if item is _STOP:
                 break
             if isinstance(item, list):
@@ -308,6 +316,8 @@ class Exporter:
                 pl.process_adapters(item)
             elif item is _OVERSIZED:
                 pl.oversized_line()
+            elif item is _CATCH_UP or item is _CAUGHT_UP:
+                pl.catch_up(item is _CATCH_UP)
             elif isinstance(item, LogPosition):
                 # every line before it has been processed: what a restart may skip
                 self._position = item
@@ -318,7 +328,8 @@ class Exporter:
                     or time.monotonic() - self._position_saved >= POSITION_SAVE_INTERVAL
                 ):
                     self._save_position()
-        pl.flush()
+        # with a saved position the next start reads the running tasks' ends: not cancelled
+        pl.flush(running=self.position_path is None)
         self._save_position()
 
     def start(self) -> None:

@@ -117,12 +117,15 @@ class Assembler:
         self._reset_epoch_state()
         self.sink.server_restart()
 
-    def flush(self) -> None:
-        """End of input (replay) or shutdown: emit every record still waiting."""
+    def flush(self, running: bool = True) -> None:
+        """End of input (replay) or shutdown: emit every record still waiting, and with
+        ``running`` the tasks still running, as cancelled (without: a restarted exporter that
+        reads on from its saved position catches up and sees them end)."""
         if self.clock.held:
             self._release_held()  # too few to prove a restart
         self.cache.mirror.close_listing()
-        self._release_running()
+        if running:
+            self._release_running()
         self.finisher.finish_all()
 
     # ------------------------------------------------------------ inputs
@@ -169,6 +172,16 @@ class Assembler:
         att = self.attribution
         if att.late or att.late_costs:
             att.maybe_prove_late()
+
+    def quiet(self, now_us: int) -> None:
+        """No line since the last one was read (now_us: the reader's clock): as if a line had
+        come at the server time that has passed since, for the records waiting on the join."""
+        fin = self.finisher
+        if not fin.pending or self.clock.last_ts is None:
+            return
+        server_now = self.clock.now + max(0, now_us - self.clock.read_us)
+        if server_now > fin.next_deadline:
+            fin.try_finish(server_now)
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
         self.finisher.snapshot_seq += 1

@@ -549,13 +549,14 @@ class HeaderJoin:
         if len(names) == 1:
             name = names.pop()
         else:
-            name = self._continued_name(task)
-            if name is None or name not in names:
-                if name is None and self._continues_pending(task):
+            continued = self._continued_name(task)
+            if continued is None or continued not in names:
+                if continued is None and self._continues_pending(task):
                     return None  # what it continues is not named yet
                 # a later line may still settle it (a neighbour proven, a continuation, an
                 # idle server): it stays open until the join starts afresh
                 return (UNCERTAIN, "") if final else None
+            name = continued
         at = [k for k in free if arrivals[k].name == name]
         if len(at) == 1:
             claimed[at[0]] = task

@@ -19,6 +19,7 @@ class LogClock:
     def __init__(self) -> None:
         self.last_ts: int | None = None  # the last timestamp of this process; None: none yet
         self.now = 0  # server time of the line being read, in microseconds
+        self.read_us = 0  # when it was read (the reader's clock)
         self.held: list[tuple[p.ParsedLine, int]] = []
 
     def went_back(self, ts: int | None) -> bool:
@@ -36,6 +37,7 @@ class LogClock:
         return held
 
     def advance(self, ts: int | None, now_us: int) -> None:
+        self.read_us = now_us
         if ts is not None:
             self.last_ts = self.now = ts
         elif self.last_ts is None:

@@ -108,8 +108,11 @@ class _Facts:
         self.conversation_arrival_dropped = metrics.conversation_arrival_dropped
         self.conversation_cost = costs.cost
         self.proof_consumers: list[Callable[[RequestRecord, str, str], None]] = []
+        self.skip_proof: Callable[[RequestRecord], bool] = lambda _rec: False
 
     def conversation_proven(self, record: RequestRecord, conversation: str, source: str) -> None:
+        if self.skip_proof(record):
+            return
         for consume in self.proof_consumers:
             consume(record, conversation, source)
 
@@ -186,6 +189,9 @@ class Pipeline:
         if on_record is not None:
             self.consumers.append(on_record)
         self.records_out = 0
+        self._catching_up = False
+        self._caught_up_at: tuple[int, int] | None = None  # (epoch, log time) the exporter started at
+        self._poll: Callable[[bool], None] | None = None
         facts = _Facts(self.metrics, self.requests, self.costs)
         # a conversation proven after its record went out: to the conversation series, the
         # events file and a caller's callback
@@ -194,6 +200,7 @@ class Pipeline:
             facts.proof_consumers.append(self.events.write_proof)
         if on_proof is not None:
             facts.proof_consumers.append(on_proof)
+        facts.skip_proof = self._before_start
         self.assembler = Assembler(
             facts,
             settings,
@@ -204,9 +211,31 @@ class Pipeline:
         )
 
     def _emit(self, record: RequestRecord) -> None:
+        if self._before_start(record):
+            return
         self.records_out += 1
         for consume in self.consumers:
             consume(record)
+
+    def _before_start(self, record: RequestRecord) -> bool:
+        """A request that ended before the exporter started (read again to catch up)."""
+        if self._catching_up:
+            return True
+        q = self._caught_up_at
+        return q is not None and (record.epoch, record.end_us or 0) <= q
+
+    def catch_up(self, started: bool) -> None:
+        """The lines between ``catch_up(True)`` and ``catch_up(False)`` were written before the
+        exporter started (the server run so far): they build the assembler's state as a replay
+        would, but their requests are not counted again, and they ask for no /slots poll."""
+        a = self.assembler
+        if started:
+            self._catching_up = True
+            self._poll, a.request_slots_poll = a.request_slots_poll, None
+        elif self._catching_up:
+            self._catching_up = False
+            a.request_slots_poll = self._poll
+            self._caught_up_at = (a.epoch, a.clock.now)
 
     def process_line(self, line: str, now: float | None = None) -> None:
         """Hot path. Never raises on input: an unknown line is counted and skipped."""
@@ -221,6 +250,15 @@ class Pipeline:
             log.exception("internal error while assembling a log event (line skipped)")
             self.metrics.internal_error()
 
+    def quiet(self, now: float | None = None) -> None:
+        """No line for a while: the server's time goes on although the log says nothing."""
+        t = self.clock() if now is None else now
+        try:
+            self.assembler.quiet(int(t * 1_000_000))
+        except Exception:
+            log.exception("internal error while the log was quiet")
+            self.metrics.internal_error()
+
     def oversized_line(self) -> None:
         self.metrics.line_read("oversized")
 
@@ -233,8 +271,8 @@ class Pipeline:
     def process_adapters(self, adapters: LoraAdapters) -> None:
         self.assembler.feed_adapters(adapters)
 
-    def flush(self) -> None:
-        self.assembler.flush()
+    def flush(self, running: bool = True) -> None:
+        self.assembler.flush(running)
         if self.events is not None:
             self.events.close()
 

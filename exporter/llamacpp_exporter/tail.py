@@ -189,6 +189,46 @@ def save_position(path: str, pos: LogPosition) -> None:
     os.replace(tmp, path)
 
 
+CATCH_UP_BYTES = 64 << 20  # at most this much of the file is read again at start
+_BANNER = b"llama_server: initializing ..."
+
+
+def _banner_at(fh: IO[bytes], offset: int) -> bool:
+    return _BANNER in os.pread(fh.fileno(), 256, offset).split(b"\n", 1)[0]
+
+
+def run_start(fh: IO[bytes], end: int, limit: int) -> int:
+    """Where the server run that was being written at ``end`` began: the line of its last start
+    banner before ``end``, or, if none lies within ``limit`` bytes, the first line in them."""
+    fd = fh.fileno()
+    lowest = max(0, end - limit)
+    hi = end
+    while hi > lowest:
+        lo = max(lowest, hi - (1 << 20))
+        chunk = os.pread(fd, hi - lo + len(_BANNER), lo)  # overlap: a banner across two chunks
+        at = chunk.rfind(_BANNER, 0, end - lo)  # wholly before end
+        if at >= 0:
+            line = chunk.rfind(b"\n", 0, at)
+            if line >= 0:
+                return lo + line + 1
+            return _line_start(fd, lo + at)
+        hi = lo
+    if lowest == 0:
+        return 0
+    nl = os.pread(fd, min(1 << 20, end - lowest), lowest).find(b"\n")
+    return end if nl < 0 else lowest + nl + 1
+
+
+def _line_start(fd: int, offset: int) -> int:
+    while offset > 0:
+        lo = max(0, offset - 4096)
+        nl = os.pread(fd, offset - lo, lo).rfind(b"\n")
+        if nl >= 0:
+            return lo + nl + 1
+        offset = lo
+    return 0
+
+
 class FileFollower:
     """Follows a file by name: rotation (rename + new file), copytruncate, truncation in
     place (llama-server's --log-file at every restart), a file that does not exist yet,
@@ -203,8 +243,13 @@ class FileFollower:
         chunk_bytes: int = 1 << 20,
         resume: LogPosition | None = None,
         on_position: Callable[[LogPosition], None] | None = None,
+        on_catch_up: Callable[[bool], None] | None = None,
+        catch_up_bytes: int = CATCH_UP_BYTES,
     ) -> None:
         self.path = path
+        self.on_catch_up = on_catch_up  # True: the lines that follow are read again, False: caught up
+        self.catch_up_bytes = catch_up_bytes
+        self.live_from: int | None = None  # catching up until this offset
         self.resume = resume
         self.on_position = on_position
         self.splitter = splitter
@@ -243,6 +288,20 @@ class FileFollower:
             how = "its end (no saved position: lines written while the exporter was down are not read)"
         else:
             self.pos = 0
+        if self._first_open and self.pos > 0 and self.on_catch_up is not None:
+            start = run_start(fh, self.pos, self.catch_up_bytes)
+            if start < self.pos:
+                log.info(
+                    "reading %s from offset %d to %d again first (the server run's %s), so that what the "
+                    "exporter knows of its slots, cache and requests is what a replay of the run knows; "
+                    "requests that ended before are not counted again",
+                    self.path,
+                    start,
+                    self.pos,
+                    "start" if start == 0 or _banner_at(fh, start) else f"last {self.catch_up_bytes >> 20} MiB",
+                )
+                self.live_from, self.pos = self.pos, start
+                self.on_catch_up(True)
         fh.seek(self.pos)
         self._first_open = False
         self._missing_logged = False
@@ -347,8 +406,9 @@ class FileFollower:
         self._skip_hole()
         total = 0
         while True:
+            want = self.chunk if self.live_from is None else min(self.chunk, self.live_from - self.pos)
             try:
-                data = self.fh.read(self.chunk)
+                data = self.fh.read(want)
             except OSError as e:
                 self.stats.read_error()
                 log.warning("error reading %s: %s", self.path, e.strerror)
@@ -361,6 +421,10 @@ class FileFollower:
             total += len(data)
             self.tail_sig = (self.tail_sig + data[-HEAD_BYTES:])[-HEAD_BYTES:]
             self.splitter.feed(data)
+            if self.live_from is not None and self.pos >= self.live_from:
+                self.live_from = None
+                assert self.on_catch_up is not None
+                self.on_catch_up(False)
         return total
 
     def close(self) -> None:
