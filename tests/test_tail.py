@@ -14,7 +14,7 @@ import pytest
 from realserver import wait_for
 from support import value
 
-from llamacpp_exporter.tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_stream
+from llamacpp_exporter.tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_stream, run_start
 
 
 class Collect:
@@ -50,6 +50,45 @@ def test_starts_at_end_by_default_and_from_start_on_request(tmp_path):
     fol2, _ = follower(f, c2, from_start=True)
     fol2.poll_once()
     assert c2.lines == ["old 1", "old 2", "new"]
+
+
+def test_started_on_a_running_server_it_reads_the_run_again_from_its_start_banner(tmp_path):
+    # INVENTED lines: an earlier run, then the current one, whose lines before the exporter
+    # started are read again first, bracketed so that the pipeline counts none of them twice
+    f = tmp_path / "s.log"
+    f.write_text(
+        "0.00.001 I srv  llama_server: initializing ...\nrun 1\n0.00.002 I srv  llama_server: initializing ...\nrun 2 a\nrun 2 b\n"
+    )
+    c = Collect()
+    marks: list[tuple[bool, int]] = []
+    fol = FileFollower(
+        str(f), c.splitter, SourceStats(), on_catch_up=lambda started: marks.append((started, len(c.lines)))
+    )
+    fol.poll_once()
+    append(f, "new\n")
+    fol.poll_once()
+    assert c.lines == ["0.00.002 I srv  llama_server: initializing ...", "run 2 a", "run 2 b", "new"]
+    assert marks == [(True, 0), (False, 3)]
+
+
+def test_catching_up_reads_at_most_its_limit_from_a_line_start(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_text("".join(f"line {i:04d}\n" for i in range(1000)))  # no start banner: 10 bytes a line
+    c = Collect()
+    fol = FileFollower(str(f), c.splitter, SourceStats(), on_catch_up=lambda started: None, catch_up_bytes=95)
+    fol.poll_once()
+    assert c.lines == [f"line {i:04d}" for i in range(991, 1000)]  # whole lines within the last 95 bytes
+
+
+def test_run_start_finds_the_banner_across_chunks_and_at_the_file_start(tmp_path):
+    f = tmp_path / "s.log"
+    f.write_bytes(b"x llama_server: initializing ...\n" + b"y" * 3_000_000 + b"\nz\n")
+    with open(f, "rb") as fh:
+        assert run_start(fh, f.stat().st_size, 64 << 20) == 0
+        # no banner within the last MiB: from the first line that starts in it ("z")
+        assert run_start(fh, f.stat().st_size, 1 << 20) == f.stat().st_size - 2
+        # the banner is not whole before offset 20, and the limit reaches the file's start
+        assert run_start(fh, 20, 64 << 20) == 0
 
 
 def test_partial_last_line_waits_for_its_newline(tmp_path):

@@ -29,6 +29,8 @@ from .timeline import PrefillTimeline
 
 __all__ = ["AssemblySettings", "Assembler", "Sink"]
 
+QUIET_MARGIN_US = 1_000_000
+
 
 class Sink(CacheSink, ServerSink, AttributionSink, Protocol):
     """Facts read straight from lines, for each part's own sink (the finished records go to
@@ -179,7 +181,8 @@ class Assembler:
         fin = self.finisher
         if not fin.pending or self.clock.last_ts is None:
             return
-        server_now = self.clock.now + max(0, now_us - self.clock.read_us)
+        # less a margin: a line the server stamped before now may still be on its way to us
+        server_now = self.clock.now + max(0, now_us - self.clock.read_us - QUIET_MARGIN_US)
         if server_now > fin.next_deadline:
             fin.try_finish(server_now)
 
