@@ -39,6 +39,7 @@ class Req:
     reject: str | None  # None, "before_id", "after_id"
     task: int | None = None
     done: bool = False
+    prefilled: bool = False
 
 
 @dataclass(order=True)
@@ -198,9 +199,12 @@ def simulate(
             duration = (rng.randint(50, 3000) if rng.random() < 0.1 else rng.randint(5, 50)) * MS
             at(now + duration, "end_batch")
         elif ev.kind == "end_batch":
+            if any(r is not None and not r.prefilled for r in slots):
+                j.batch_line()  # a prompt batch logs its progress (update_slots)
             for s in range(n_slots):
                 r = slots[s]
                 if r is not None:
+                    r.prefilled = True
                     r.work -= 1
                     if r.work <= 0:
                         slots[s] = None

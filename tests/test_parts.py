@@ -264,22 +264,24 @@ def test_slots_fill_in_what_the_log_lacks():
 # ------------------------------------------------------------ the join's deferred queue
 def test_deferred_queue_mirrors_the_server_while_exact():
     q = DeferredQueue()
-    assert q.attempt(False, 0, None) == 0  # deferred
-    assert q.attempt(False, 1, 1) == 1  # deferred, pinned to slot 1
+    assert q.attempt(False, 0, None, burst=1) == ((0, 1),)  # deferred in the first try burst
+    assert q.attempt(False, 1, 1, burst=2) == ((1, 2),)  # deferred, pinned to slot 1
     q.released(1)  # slot 1 frees: the task pinned to it goes first
-    assert q.attempt(True, 5, None) == 1  # it launches: its request is among the first two
+    # it launches: its request is among the first two, first tried in the second burst
+    assert q.attempt(True, 5, None, burst=3) == ((1, 2),)
     assert q.count() == 1 and q.exact
 
 
 def test_deferred_queue_keeps_every_world_an_uncertain_cancel_leaves():
     q = DeferredQueue()
-    q.attempt(False, 0, None)
-    q.attempt(False, 1, None)
+    q.attempt(False, 0, None, burst=1)
+    q.attempt(False, 1, None, burst=2)
     q.may_have_lost_one()  # took out the first, the second, or neither (another client's request)
     assert not q.exact and len(q.worlds) == 3 and q.count() == 1 and not q.certainly_empty()
     assert q.known_tasks() == 2  # waiting, or cancelled while waiting: two tasks were tried
     q.released(0)  # one goes back to the front ...
-    assert q.attempt(True, 2, None) == 1  # ... and launches: the first or the second request
+    # ... and launches: the first or the second request, one pair for each way the queue can be
+    assert q.attempt(True, 2, None, burst=3) == ((0, 1), (1, 2))
     assert q.count() == 0 and not q.certainly_empty()  # the other may still be waiting
     q.released(0)
     q.attempt(False, 3, None)  # a retry deferred again, or a new task deferred

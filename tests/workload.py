@@ -377,3 +377,72 @@ def rewritten_history(
         for c in clients.values():
             c.close()
     return out, rewritten
+
+
+def impatient_ids_workload(
+    url: str, seed: int = 7373, n_convs: int = 6, turns: int = 5, impatient: int = 12
+) -> tuple[list[Truth], int]:
+    """Issue 18's multi-user server: six chat conversations that send X-Conversation-Id (the
+    adapter on every other one, two with a long system prompt), and, beside them, short chat
+    requests from other clients that also send an id (`impatient-N`), two thirds of which give
+    up after 0.3 s or 1 s if no answer came (while queued, as a rule). Returns the completed requests' ground
+    truth (the chats' and the impatient ones answered in time) and how many gave up."""
+    results: list[Truth] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    gave_up = [0]
+    done = threading.Event()
+
+    def conv(i: int) -> None:
+        rng = random.Random(f"{seed}-{i}")
+        try:
+            _chat(
+                url,
+                f"conv-{seed}-{i}",
+                f"conversation {i}. " + text(rng, 900 if i in (0, 3) else 60),
+                turns,
+                24,
+                lambda turn: LORA_ACTIVE if i % 2 == 0 else None,
+                rng,
+                results,
+                lock,
+                delay=0.3 * i,
+                user_words=(15, 40),
+                pause=(0.0, 0.5),
+            )
+        except BaseException as e:  # noqa: BLE001 - surfaced by the caller
+            errors.append(e)
+
+    def impatient_clients() -> None:
+        rng = random.Random(f"{seed}-impatient")
+        for n in range(impatient):
+            if done.wait(rng.uniform(1.0, 3.0)):
+                return
+            name = f"impatient-{seed}-{n}"
+            body = {"messages": [{"role": "user", "content": text(rng, 30)}], "max_tokens": 8, "temperature": 0}
+            t0 = time.time()
+            try:
+                r = httpx.post(
+                    url + "/v1/chat/completions",
+                    json=body,
+                    headers={"X-Conversation-Id": name},
+                    timeout=(0.3, 1.0, 600.0)[n % 3],  # a third of them wait for their answer
+                )
+                r.raise_for_status()
+                with lock:
+                    results.append(_truth(name, 0, False, r.json()["timings"], t0))
+            except httpx.TimeoutException:
+                with lock:
+                    gave_up[0] += 1
+
+    threads = [threading.Thread(target=conv, args=(i,)) for i in range(n_convs)]
+    side = threading.Thread(target=impatient_clients)
+    for t in [*threads, side]:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    side.join()
+    if errors:
+        raise errors[0]
+    return results, gave_up[0]

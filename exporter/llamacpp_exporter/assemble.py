@@ -277,6 +277,7 @@ class Assembler:
         return s.draft
 
     def _on_new_prompt(self, ev: p.NewPrompt) -> None:
+        self.attribution.join.batch_line()
         d = self._draft(ev.slot, ev.task)
         if d is not None:
             d.prompt_tokens = ev.n_tokens
@@ -286,6 +287,7 @@ class Assembler:
             self.prefills.first_batch(ev.slot, ev.task, self.clock.now)
 
     def _on_cached_tokens(self, ev: p.CachedTokens) -> None:
+        self.attribution.join.batch_line()
         d = self._draft(ev.slot, ev.task)
         if d is None or d.reuse_source == "log":
             return
@@ -300,17 +302,20 @@ class Assembler:
             d.forced_reprocess = True
 
     def _on_prefill_finished(self, ev: p.PrefillFinished) -> None:
+        self.attribution.join.batch_line()
         if ev.slot in self.prefills.slots:
             self.prefills.ended(ev.slot, self.clock.now)
             self.sink.prefill_in_progress(ev.slot, 0)
 
     def _on_prompt_timing(self, ev: p.PromptTiming) -> None:
+        self.attribution.join.batch_line()
         d = self._draft(ev.slot, ev.task)
         if d is not None:
             d.prefill_seconds = ev.ms / 1000.0
             d.prefill_tokens = ev.n_tokens
 
     def _on_eval_timing(self, ev: p.EvalTiming) -> None:
+        self.attribution.join.batch_line()
         d = self._draft(ev.slot, ev.task)
         if d is None:
             return

@@ -109,6 +109,7 @@ class _Arrival:
     cluster: int
     at_us: int
     settled_us: int | None = None  # when its id was proven taken
+    tried_by: int | None = None  # the try burst by which its task had certainly been tried
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class _Deferred:
 
     last_owner: int  # its request is one of the arrivals up to this position
     pinned: int | None  # the slot it asked for (id_slot), if any
+    first_burst: int = 0  # the try burst of its first try
 
 
 @dataclass(slots=True)
@@ -129,8 +131,8 @@ class _World:
 
     def key(self) -> tuple:
         return (
-            tuple((d.last_owner, d.pinned) for d in self.queue),
-            tuple((d.last_owner, d.pinned) for d in self.sent_back),
+            tuple((d.last_owner, d.pinned, d.first_burst) for d in self.queue),
+            tuple((d.last_owner, d.pinned, d.first_burst) for d in self.sent_back),
             self.removed,
         )
 
@@ -222,14 +224,17 @@ class DeferredQueue:
                 k = next((i for i, d in enumerate(w.queue) if d.pinned == slot), 0)
                 w.sent_back.append(w.queue.pop(k))
 
-    def attempt(self, launched: bool, last_owner: int, pinned: int | None) -> int:
+    def attempt(
+        self, launched: bool, last_owner: int, pinned: int | None, burst: int = 0
+    ) -> tuple[tuple[int, int], ...]:
         """A task took its turn at the slots and launched or was deferred (again). It is the
         task a release sent back (which comes first) or a new one. Returns the last arrival
-        position its request can be at. A deferral shows whether the task was pinned, and to
-        which slot (``pinned``): a world whose task at the front asked otherwise is dropped."""
+        position its request can be at and the try burst of its first try (0: not known), one
+        pair for each way the queue can be. A deferral shows whether the task was pinned, and to which slot (``pinned``): a world
+        whose task at the front asked otherwise is dropped."""
         if self.worlds is None:
-            return self._attempt_bounds(launched, last_owner)
-        out, owners = [], []
+            return self._attempt_bounds(launched, last_owner, burst)
+        out, options = [], set()
         for w in self.worlds:
             back = w.sent_back[-1] if w.sent_back else None
             if back is not None and not launched and back.pinned != pinned:
@@ -237,16 +242,16 @@ class DeferredQueue:
             if back is not None:
                 w.sent_back.pop()
             if not launched:
-                w.queue.append(back or _Deferred(last_owner, pinned))
-            owners.append(back.last_owner if back is not None else last_owner)
+                w.queue.append(back or _Deferred(last_owner, pinned, burst))
+            options.add((back.last_owner, back.first_burst) if back is not None else (last_owner, burst))
             out.append(w)
         if not out:  # no world explains it: what is certain only
             self._to_bounds(self.worlds)
-            return self._attempt_bounds(launched, last_owner)
+            return self._attempt_bounds(launched, last_owner, burst)
         self._set(out)
-        return max(owners)
+        return tuple(sorted(options))
 
-    def _attempt_bounds(self, launched: bool, last_owner: int) -> int:
+    def _attempt_bounds(self, launched: bool, last_owner: int, burst: int) -> tuple[tuple[int, int], ...]:
         if self.retries_lo > 0:  # certainly a retry
             self.retries_lo -= 1
             self.retries_hi -= 1
@@ -265,13 +270,15 @@ class DeferredQueue:
             self.lo += 1
             self.hi += 1
             self.known_lo += 1
-        return last_owner
+        else:
+            return ((last_owner, burst),)  # certainly a new task, launched
+        return ((last_owner, 0),)
 
     def shift(self, k: int) -> None:
         """The first k arrivals were forgotten."""
         for w in self.worlds or ():  # the worlds share their tasks: new ones
-            w.queue = [_Deferred(d.last_owner - k, d.pinned) for d in w.queue]
-            w.sent_back = [_Deferred(d.last_owner - k, d.pinned) for d in w.sent_back]
+            w.queue = [_Deferred(d.last_owner - k, d.pinned, d.first_burst) for d in w.queue]
+            w.sent_back = [_Deferred(d.last_owner - k, d.pinned, d.first_burst) for d in w.sent_back]
 
 
 class HeaderJoin:
@@ -281,6 +288,9 @@ class HeaderJoin:
         self.dropped_arrivals = 0
         self.last_max_id = -1
         self.version = 0  # results stored so far
+        self._burst = 0  # try bursts seen (see _try_line)
+        self._in_burst = False
+        self._now_us = 0  # the log time of the last input that has one
         self._results: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._reset()
 
@@ -292,6 +302,9 @@ class HeaderJoin:
         self._cluster = 0
         self._definite: list[int] = []  # request task ids seen (launched or failed), sorted
         self._last_owner: dict[int, int] = {}  # task id -> its request is at this position or before
+        # task id -> (last position its request can be at, try burst of its first try or 0), one
+        # pair for each way the deferred queue can have been when it launched
+        self._first_try: dict[int, tuple[tuple[int, int], ...]] = {}
         self._ambiguous: list[int] = []  # cancelled before launch: a completion or not
         self._unresolved: set[int] = set()
         self._base_id = self.last_max_id  # ids up to here belong to before the last rebase
@@ -303,6 +316,7 @@ class HeaderJoin:
         self._continues: dict[int, tuple[int, ...]] = {}  # unresolved task -> tasks whose state it continues
         self._continued_by: dict[int, list[int]] = {}  # unresolved task -> later tasks that continue its state
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
+        self._untried_from = 0  # arrivals before this position are marked tried_by
 
     def start_of_process(self) -> None:
         """``initializing ...``: a new process; ids start at 0 and every request will be seen."""
@@ -345,6 +359,7 @@ class HeaderJoin:
 
     # ------------------------------------------------------------ inputs, in log order
     def arrival(self, name: str, now_us: int, all_idle: bool) -> None:
+        self._now_us = now_us
         self.tick(now_us, all_idle)
         self._last_arrival_us = now_us
         if not self.aligned:
@@ -363,6 +378,7 @@ class HeaderJoin:
         """A chat request's ``chat format`` line: one unsettled arrival has its id. Each
         request logs it once: once the unsettled arrivals have logged as many of these lines as
         they are, every one of them has its id."""
+        self._now_us = now_us
         self._settle_old(now_us)
         if not self._open:
             return
@@ -383,6 +399,28 @@ class HeaderJoin:
         self._open.clear()
         self._params_lines = 0
 
+    def _try_line(self) -> None:
+        """A line of the main loop trying a queued task. The first after other main-loop
+        lines starts a *try burst*: the loop is taking every task from its queue until it is
+        empty, so every request posted before now (settled POSTED_AFTER_US ago) is tried in
+        this burst at the latest (server-queue.cpp start_loop)."""
+        if self._in_burst:
+            return
+        self._in_burst = True
+        self._burst += 1
+        now = self._now_us
+        for k in range(self._untried_from, len(self._arrivals)):
+            a = self._arrivals[k]
+            if a.tried_by is None:
+                if a.settled_us is None or now - a.settled_us <= POSTED_AFTER_US:
+                    break  # later ones keep their place: checked at the next burst
+                a.tried_by = self._burst
+            self._untried_from = k + 1
+
+    def batch_line(self) -> None:
+        """A line of the main loop's batch (update_slots): the try burst, if any, is over."""
+        self._in_burst = False
+
     def all_slots_idle(self, now_us: int) -> None:
         """``all slots are idle``: the main loop has just tried every queued task and none
         runs. A task tried with every slot free launches, so nothing is deferred either (a
@@ -392,6 +430,7 @@ class HeaderJoin:
         task any more, and the join starts afresh, aligned."""
         self._deferred = DeferredQueue()
         self._busy_next, self._pinned = 0, None
+        self._now_us, self._in_burst = now_us, False
         self._settle_old(now_us)
         if not self.aligned:
             if now_us - self._last_arrival_us > POSTED_AFTER_US:
@@ -407,6 +446,7 @@ class HeaderJoin:
         self._rebase()
 
     def slot_busy(self, slot: int) -> None:
+        self._try_line()
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
             self._busy_next = 0
@@ -423,12 +463,14 @@ class HeaderJoin:
             self._attempt(None, None)
 
     def slot_selected(self, slot: int, pinned: bool) -> None:
+        self._try_line()
         self._busy_next = 0
         self._pinned = slot if pinned else None
 
     def launched(self, task: int, now_us: int, all_idle_before: bool, continues: tuple[int, ...] = ()) -> None:
         """A request task launched (``is_child = 0``) or failed to launch. ``continues``: the
         earlier tasks of this process whose whole state its prompt contains (see continuations)."""
+        self._now_us = now_us
         self.tick(now_us, all_idle_before)
         self._busy_next, self._pinned = 0, None
         self.last_max_id = max(self.last_max_id, task)
@@ -454,7 +496,8 @@ class HeaderJoin:
 
     def released(self, slot: int, now_us: int) -> None:
         """A slot stopped: llama-server sends one deferred task back to the front."""
-        self._last_activity_us = now_us
+        self._last_activity_us = self._now_us = now_us
+        self._in_burst = False  # a release is part of the batch
         self._busy_next, self._pinned = 0, None
         self._settle_old(now_us)
         self._deferred.released(slot)
@@ -482,13 +525,15 @@ class HeaderJoin:
         """A task took its turn at the slots: ``task`` launched, or (None) it was deferred.
         It is a new task, or the deferred task a release sent back (which comes first)."""
         # a new task's request has arrived by now
-        last_owner = self._deferred.attempt(task is not None, len(self._arrivals) - 1, pinned)
+        self._try_line()
+        options = self._deferred.attempt(task is not None, len(self._arrivals) - 1, pinned, self._burst)
         if task is not None:
             if not self.aligned or task <= self._base_id or task in self._results:
                 self._store(task, (UNCERTAIN, ""))
                 return
             bisect.insort(self._definite, task)
-            self._last_owner[task] = last_owner
+            self._last_owner[task] = max(o[0] for o in options)
+            self._first_try[task] = options
             self._unresolved.add(task)
         if self.aligned:
             self._count_rule()
@@ -544,7 +589,15 @@ class HeaderJoin:
             end += 1
         # the arrivals it can be: not those another task is proven to be
         claimed = self._claimed
-        free = [k for k in range(first, end + 1) if claimed.get(k, task) == task and self._in_order(k, task)]
+        # its request arrived before its first try, and was not tried in an earlier burst
+        options = self._first_try.get(task, ((last, 0),))
+        free = [
+            k
+            for k in range(first, end + 1)
+            if claimed.get(k, task) == task
+            and any(k <= lo_ and (arrivals[k].tried_by or fb) >= fb for lo_, fb in options)
+            and self._in_order(k, task)
+        ]
         names = {arrivals[k].name for k in free}
         if len(names) == 1:
             name = names.pop()
@@ -613,13 +666,17 @@ class HeaderJoin:
         top = ids[k - 1]
         for t in ids[:k]:
             del self._last_owner[t]
+            self._first_try.pop(t, None)
         del ids[:k]
         del arrivals[:k]
         for t in ids:
             self._last_owner[t] -= k
+            if t in self._first_try:
+                self._first_try[t] = tuple((lo_ - k, fb) for lo_, fb in self._first_try[t])
         self._ambiguous = [a for a in self._ambiguous if a > top]
         self._open = [i - k for i in self._open]
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
+        self._untried_from = max(0, self._untried_from - k)
         self._deferred.shift(k)
         self._base_id = max(self._base_id, top)
 
