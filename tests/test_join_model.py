@@ -121,9 +121,9 @@ def simulate(
 
     def attempt(r: Req) -> None:
         if r.pinned is not None:
-            j.slot_selected(r.pinned, True)
+            j.slot_selected(r.pinned, True, now)
             if slots[r.pinned] is not None:
-                j.slot_busy(r.pinned)
+                j.slot_busy(r.pinned, now)
                 deferred.append(r)
                 return
             slot = r.pinned
@@ -131,12 +131,12 @@ def simulate(
             free = [s for s in range(n_slots) if slots[s] is None]
             for s in range(n_slots):
                 if slots[s] is not None:
-                    j.slot_busy(s)
+                    j.slot_busy(s, now)
             if not free:
                 deferred.append(r)
                 return
             slot = free[0]
-            j.slot_selected(slot, False)
+            j.slot_selected(slot, False, now)
         all_idle = idle()
         slots[slot] = r
         # the RAM cache or the slot offers the conversation's last state, contained whole
@@ -298,7 +298,7 @@ def test_chat_clients_are_named(n_slots):
     assert t.coverage() >= 0.95
 
 
-@pytest.mark.parametrize("continues,floor", [(0.0, 0.86), (0.8, 0.96)])
+@pytest.mark.parametrize("continues,floor", [(0.0, 0.88), (0.8, 0.96)])
 def test_cancelled_chat_requests_cost_little_coverage(continues, floor):
     """5% of clients give up and llama-server cancels their queued tasks: a cancel line may be
     another client's /slots request. Every way the deferred queue can then be is followed, the
@@ -312,18 +312,18 @@ def test_cancelled_chat_requests_cost_little_coverage(continues, floor):
 CHAT_MIX = Mix(**{**MIXED.__dict__, "chat": 1.0})
 
 
-@pytest.mark.parametrize("n_slots,floor", [(1, 0.90), (2, 0.96), (4, 0.96)])
+@pytest.mark.parametrize("n_slots,floor", [(1, 0.92), (2, 0.96), (4, 0.96)])
 def test_a_multi_user_chat_server_is_named(n_slots, floor):
     """Issue 18's server: chat clients with and without ids, some pinned, a tenth giving up
     while queued, other clients' /slots polls timing out, conversations continuing their state:
     on 2 and 4 slots over 96% of the requests that sent an id are named with it, none wrong.
-    On one slot every request queues behind the others and give-ups leave more doubt (91%)."""
+    On one slot every request queues behind the others and give-ups leave more doubt (94%)."""
     t = run_seeds(n_slots, CHAT_MIX)
     print(f"multi-user chat server, {n_slots} slots: {t}")
     assert t.coverage(True) >= floor
 
 
-@pytest.mark.parametrize("n_slots,floor", [(1, 0.66), (2, 0.70), (4, 0.74)])
+@pytest.mark.parametrize("n_slots,floor", [(1, 0.67), (2, 0.71), (4, 0.74)])
 def test_completion_clients_that_give_up_leave_doubt(n_slots, floor):
     """The same with a fifth of the traffic on /completion: such a request logs nothing after
     its id, so until its task is tried it may still be tokenizing (up to ID_DELAY_US), and a

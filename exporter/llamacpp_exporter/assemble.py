@@ -228,7 +228,7 @@ class Assembler:
 
     def _on_slot_selected(self, ev: p.SlotSelected) -> None:
         s = self._slot(ev.slot)
-        self.attribution.join.slot_selected(ev.slot, ev.method == "id")
+        self.attribution.join.slot_selected(ev.slot, ev.method == "id", self.clock.now)
         sel = Selection(ev.slot, ev.method, s.tokens, f_keep=ev.f_keep, f_sim=ev.f_sim)
         s.selection = sel
         self.cache.selected(sel, (self.epoch, s.last_task) if s.last_task is not None else None)

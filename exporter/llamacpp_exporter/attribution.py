@@ -93,7 +93,7 @@ class Attribution:
         self._count_dropped()
 
     def slot_busy(self, ev: p.SlotBusy) -> None:
-        self.join.slot_busy(ev.slot)
+        self.join.slot_busy(ev.slot, self.now())
 
     def launch_failed(self, ev: p.TaskLaunchFailed) -> None:
         self.join.launched(ev.task, self.now(), self.all_idle())

@@ -445,7 +445,9 @@ class HeaderJoin:
         self._fail_unresolved()
         self._rebase()
 
-    def slot_busy(self, slot: int) -> None:
+    def slot_busy(self, slot: int, now_us: int | None = None) -> None:
+        if now_us is not None:
+            self._now_us = now_us
         self._try_line()
         pinned, self._pinned = self._pinned, None
         if pinned is not None:
@@ -462,7 +464,9 @@ class HeaderJoin:
             self._busy_next = 0
             self._attempt(None, None)
 
-    def slot_selected(self, slot: int, pinned: bool) -> None:
+    def slot_selected(self, slot: int, pinned: bool, now_us: int | None = None) -> None:
+        if now_us is not None:
+            self._now_us = now_us
         self._try_line()
         self._busy_next = 0
         self._pinned = slot if pinned else None
