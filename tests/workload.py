@@ -416,7 +416,7 @@ def impatient_ids_workload(
     def impatient_clients() -> None:
         rng = random.Random(f"{seed}-impatient")
         for n in range(impatient):
-            if done.wait(rng.uniform(1.0, 3.0)):
+            if done.wait(rng.uniform(3.0, 6.0)):
                 return
             name = f"impatient-{seed}-{n}"
             body = {"messages": [{"role": "user", "content": text(rng, 30)}], "max_tokens": 8, "temperature": 0}

@@ -137,7 +137,7 @@ class _World:
         )
 
 
-MAX_WORLDS = 32  # past this many ways the queue can be, only bounds are kept
+MAX_WORLDS = 256  # past this many ways the queue can be, only bounds are kept
 
 
 class DeferredQueue:
@@ -225,13 +225,15 @@ class DeferredQueue:
                 w.sent_back.append(w.queue.pop(k))
 
     def attempt(
-        self, launched: bool, last_owner: int, pinned: int | None, burst: int = 0
+        self, launched: bool, last_owner: int, pinned: int | None, burst: int = 0, min_owner: int = 0
     ) -> tuple[tuple[int, int], ...]:
         """A task took its turn at the slots and launched or was deferred (again). It is the
         task a release sent back (which comes first) or a new one. Returns the last arrival
         position its request can be at and the try burst of its first try (0: not known), one
         pair for each way the queue can be. A deferral shows whether the task was pinned, and to which slot (``pinned``): a world
-        whose task at the front asked otherwise is dropped."""
+        whose task at the front asked otherwise is dropped, and so is one in which a launched
+        task would be the retry of a request that arrived before ``min_owner`` (the first
+        position its rank allows)."""
         if self.worlds is None:
             return self._attempt_bounds(launched, last_owner, burst)
         out, options = [], set()
@@ -239,6 +241,8 @@ class DeferredQueue:
             back = w.sent_back[-1] if w.sent_back else None
             if back is not None and not launched and back.pinned != pinned:
                 continue  # the task at its front would have been tried otherwise
+            if back is not None and launched and back.last_owner < min_owner:
+                continue  # its request arrived too early for the launched task's id
             if back is not None:
                 w.sent_back.pop()
             if not launched:
@@ -530,7 +534,14 @@ class HeaderJoin:
         It is a new task, or the deferred task a release sent back (which comes first)."""
         # a new task's request has arrived by now
         self._try_line()
-        options = self._deferred.attempt(task is not None, len(self._arrivals) - 1, pinned, self._burst)
+        min_owner = 0
+        if task is not None and self.aligned and task > self._base_id:
+            lo = bisect.bisect_left(self._definite, task)  # request ids below it: its rank is at least this
+            if lo < len(self._arrivals):
+                min_owner = lo
+                while min_owner > 0 and self._arrivals[min_owner - 1].cluster == self._arrivals[lo].cluster:
+                    min_owner -= 1
+        options = self._deferred.attempt(task is not None, len(self._arrivals) - 1, pinned, self._burst, min_owner)
         if task is not None:
             if not self.aligned or task <= self._base_id or task in self._results:
                 self._store(task, (UNCERTAIN, ""))
