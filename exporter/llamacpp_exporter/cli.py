@@ -122,7 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="from_start",
         action="store_true",
         default=None,
-        help="read the log file from its start instead of its end",
+        help=(
+            "read the log file from its start, counting every request in it (default: from its end; the "
+            "server run before that is read again to know its state, without counting its requests)"
+        ),
     )
     a(
         "--llama.log-poll-interval",

@@ -63,11 +63,36 @@ What the join proves, and how (every step is a consequence of the rules above):
 - When every arrival has its task launched, nothing is deferred and every task is resolved,
   the join starts afresh (a *rebase*); on a server that is never idle the oldest arrivals and
   ids are forgotten once their ranks are exact. Nothing old can then shift a new rank.
+- ``all slots are idle`` (TRACE, server-context.cpp:3023) is logged by update_slots after the
+  main loop emptied its task queue (server-queue.cpp start_loop) with nothing running: every
+  posted request was tried, and a task tried with every slot free launches, so nothing is
+  deferred (a release sends a deferred task back to the queue). Once every arrival is settled
+  (POSTED_AFTER_US ago), no earlier request can become a task any more: the join starts afresh.
+- A *try burst* is the run of slot-search and launch lines (process_single_task) between lines
+  of update_slots. The loop takes tasks from its queue until it is empty, so a request posted
+  before a burst began was tried in it at the latest: a task first tried in a later burst is
+  not that request's.
+- A cancel line that may have taken a deferred task out leaves several ways the deferred
+  queue can be: each is followed (a *world*) and dropped when a line contradicts it (a task
+  tried pinned while its front task was not, a launched retry whose request arrived too early
+  for its rank). A task's bounds are the union over the worlds.
+- A task whose prompt contains an earlier task's whole state (the RAM-cache entry it was
+  offered, lcp = the entry's length, or the slot kept whole, f_keep 1.000) repeats that task's
+  prompt and completion: it is the same conversation's next turn (both ways: the earlier task
+  is the later one's conversation too). Named so when that conversation is among its
+  candidates. Assumed: no client starts a new conversation id with another conversation's
+  exchange copied verbatim.
+- A task proven to be one arrival (the only arrival of its name among its candidates) takes
+  that arrival out of every other task's candidates, and requests of other clusters keep
+  arrival order against it.
 
 Two rules rest on time, both far from what was measured: an arrival is taken to have its id
 ID_DELAY_US after it arrived (tokenizing took 5-47 ms in every recorded run, on a starved
 machine too); and an arrival whose task never appears is dropped (and counted) once the
 server has been idle, with nothing deferred and nothing arriving, for STALE_ARRIVAL_US.
+
+A task stays open while a later line may still settle it; records do not wait for it longer
+than attribution.JOIN_WAIT_US (a late proof still reaches the conversation series).
 
 Assumed, not proved: one task per request (a /completion with several prompts makes several);
 no embedding or rerank tasks on the same server (they launch without an arrival line); no
