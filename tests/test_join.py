@@ -10,7 +10,7 @@ import pytest
 from support import SALT, by_timings, log_lines, replay, truths
 
 from llamacpp_exporter.conversations import Pseudonymizer
-from llamacpp_exporter.join import HEADER, ID_DELAY_US, NONE, STALE_ARRIVAL_US, UNCERTAIN, HeaderJoin
+from llamacpp_exporter.join import HEADER, ID_DELAY_US, MAX_ARRIVALS, NONE, STALE_ARRIVAL_US, UNCERTAIN, HeaderJoin
 
 MS = 1000
 
@@ -268,6 +268,30 @@ def test_history_is_dropped_once_every_request_is_accounted_for():
         r.at(i * 10).arrive(f"c{i}").chat_format().launch(i * 3, 0).release(0)
     assert all(r.res(i * 3) == (HEADER, f"c{i}") for i in range(100))
     assert len(r.j._arrivals) <= 1 and len(r.j._definite) <= 1  # rebased after each request
+
+
+def test_a_doubt_on_a_server_that_is_never_idle_is_bounded_and_ends_at_the_next_idle_line():
+    # INVENTED: as below, but a cancel line early on that may be a request's (it never becomes
+    # a task we see): the oldest ranks can never be exact, so the history is not pruned; past
+    # MAX_ARRIVALS the join forgets it (those tasks uncertain, none named wrong) and aligns
+    # again at the next "all slots are idle" line
+    r = Run()
+    r.arrive("c0").chat_format().launch(0, 0).arrive("c1").chat_format().launch(1, 1)
+    r.arrive("x").chat_format().cancel(2)
+    r.arrive("c2").chat_format().defer()
+    task, slot, names = 3, 0, {}
+    for i in range(3, MAX_ARRIVALS + 200):
+        r.at(i * 100).arrive(f"c{i}").chat_format().defer()
+        task += 3
+        r.release(slot).launch(task, slot)
+        names[task] = f"c{i - 1}"
+        slot = 1 - slot
+        assert len(r.j._arrivals) <= MAX_ARRIVALS + 1
+    got = [r.res(t) for t in names]
+    assert all(g is None or g == (UNCERTAIN, "") or g == (HEADER, n) for g, n in zip(got, names.values()))
+    r.release(0).release(1).at(i * 100 + 2000).idle()  # the queue's last task never launched: idle
+    r.at(i * 100 + 3000).arrive("late").chat_format().launch(task + 10, 0)
+    assert r.j.aligned and r.res(task + 10) == (HEADER, "late")
 
 
 def test_a_server_that_is_never_idle_keeps_its_join_and_bounded_state():

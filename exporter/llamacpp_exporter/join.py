@@ -123,8 +123,11 @@ ID_DELAY_US = 5_000_000
 # only reads the request's parameters (microseconds): a request settled this long before an
 # "all slots are idle" line has been tried by then.
 POSTED_AFTER_US = 500_000
+# A task the log has not settled this long after its launch is left uncertain, so that on a
+# server that is never idle the oldest history can be forgotten (see _prune)
+OPEN_FOR_US = 60_000_000
 STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
-MAX_ARRIVALS = 4096  # history bound; past it the join drops its history and realigns when idle
+MAX_ARRIVALS = 1024  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS = 8192
 
 
@@ -334,6 +337,7 @@ class HeaderJoin:
         # task id -> (last position its request can be at, try burst of its first try or 0), one
         # pair for each way the deferred queue can have been when it launched
         self._first_try: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._launched_us: dict[int, int] = {}  # unresolved task -> when it launched
         self._ambiguous: list[int] = []  # cancelled before launch: a completion or not
         self._unresolved: set[int] = set()
         self._base_id = self.last_max_id  # ids up to here belong to before the last rebase
@@ -385,6 +389,7 @@ class HeaderJoin:
         self._unresolved.clear()
         self._continues.clear()
         self._continued_by.clear()
+        self._launched_us.clear()
 
     # ------------------------------------------------------------ inputs, in log order
     def arrival(self, name: str, now_us: int, all_idle: bool) -> None:
@@ -574,6 +579,7 @@ class HeaderJoin:
             bisect.insort(self._definite, task)
             self._last_owner[task] = max(o[0] for o in options)
             self._first_try[task] = options
+            self._launched_us[task] = self._now_us
             self._unresolved.add(task)
         if self.aligned:
             self._count_rule()
@@ -603,8 +609,11 @@ class HeaderJoin:
             progress = False
             for task in sorted(self._unresolved):
                 j = bisect.bisect_left(ids, task)
-                res = self._resolve(task, j, j + suffix_min[j], final)
+                res = self._resolve(
+                    task, j, j + suffix_min[j], final or self._now_us - self._launched_us.get(task, 0) > OPEN_FOR_US
+                )
                 if res is not None:
+                    self._launched_us.pop(task, None)
                     self._unresolved.discard(task)
                     self._continues.pop(task, None)
                     self._continued_by.pop(task, None)
