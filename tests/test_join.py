@@ -288,7 +288,7 @@ def test_a_doubt_on_a_server_that_is_never_idle_is_bounded_and_ends_at_the_next_
         slot = 1 - slot
         assert len(r.j._arrivals) <= MAX_ARRIVALS + 1
     got = [r.res(t) for t in names]
-    assert all(g is None or g == (UNCERTAIN, "") or g == (HEADER, n) for g, n in zip(got, names.values()))
+    assert all(g is None or g == (UNCERTAIN, "") or g == (HEADER, n) for g, n in zip(got, names.values(), strict=True))
     r.release(0).release(1).at(i * 100 + 2000).idle()  # the queue's last task never launched: idle
     r.at(i * 100 + 3000).arrive("late").chat_format().launch(task + 10, 0)
     assert r.j.aligned and r.res(task + 10) == (HEADER, "late")

@@ -301,11 +301,11 @@ def test_deferred_queue_drops_a_world_the_lines_contradict():
 
 def test_deferred_queue_keeps_bounds_past_its_worlds():
     q = DeferredQueue()
-    for i in range(8):
+    for i in range(10):
         q.attempt(False, i, None)
-    q.may_have_lost_one()
-    q.may_have_lost_one()  # 1 + 8 + 28 ways: past MAX_WORLDS
-    assert q.worlds is None and (q.lo, q.hi) == (6, 8) and q.known_tasks() == 8
+    for _ in range(4):
+        q.may_have_lost_one()  # 1 + 10 + 45 + 120 + 210 ways: past MAX_WORLDS
+    assert q.worlds is None and (q.lo, q.hi) == (6, 10) and q.known_tasks() == 10
     q.released(0)
-    q.attempt(True, 9, None)  # certainly a retry
-    assert (q.lo, q.hi) == (5, 7)
+    q.attempt(True, 11, None)  # certainly a retry
+    assert (q.lo, q.hi) == (5, 9)

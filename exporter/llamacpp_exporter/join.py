@@ -123,9 +123,9 @@ ID_DELAY_US = 5_000_000
 # only reads the request's parameters (microseconds): a request settled this long before an
 # "all slots are idle" line has been tried by then.
 POSTED_AFTER_US = 500_000
-# A task the log has not settled this long after its launch is left uncertain, so that on a
+# A task the log has not settled this long (log time) after its launch is left uncertain, so that on a
 # server that is never idle the oldest history can be forgotten (see _prune)
-OPEN_FOR_US = 60_000_000
+OPEN_FOR_US = 300_000_000
 STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS = 1024  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS = 8192
