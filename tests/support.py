@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from realserver import ExporterProcess, LlamaServer
 from workload import Truth
 
+from llamacpp_exporter.analyze import read_events
 from llamacpp_exporter.classify import outcome
 from llamacpp_exporter.conversations import Pseudonymizer
 from llamacpp_exporter.finish import AssemblySettings
@@ -168,7 +169,8 @@ def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
     recs: list[dict] = []
     while time.monotonic() < deadline:
         if path.exists():
-            recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            # the records, each with a conversation proven after it was written (a proof line)
+            recs = read_events([str(path)])[0]
             if len(recs) >= n:
                 return recs
         time.sleep(0.2)
