@@ -561,3 +561,43 @@ def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_pref
     # its own entry was only looked at in the RAM cache (the slot held another's state)
     assert reason(pair(0, 5, compared_entries=[[7, 40], [5, 10]]))["prefix_changed"] == 1
     assert reason(pair(0, 5, compared_entries=[[7, 1990]]))["prefix_changed"] == 0
+
+
+def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_counted(tmp_path):
+    """The events file's proof lines: a record that went out "uncertain" takes the conversation
+    proven later (matched by slot, task and start); a proof line that is not one is counted."""
+    recorded = json.loads((LOGS / "lv4-np2-lora-events.events.jsonl").read_text().splitlines()[0])
+    base = dict(recorded, slot=1, task=7, start_us=100, conversation=None, conversation_source="uncertain")
+    other = dict(base, task=8)
+    lines = [
+        json.dumps(base),
+        json.dumps(other),
+        json.dumps(
+            {
+                "proof": "conversation",
+                "epoch": 0,
+                "slot": 1,
+                "task": 7,
+                "start_us": 100,
+                "conversation": "c0123456789ab",
+                "conversation_source": "header",
+            }
+        ),
+        json.dumps(
+            {
+                "proof": "conversation",
+                "slot": 1,
+                "task": "8",
+                "start_us": 100,
+                "conversation": "c0123456789ab",
+                "conversation_source": "header",
+            }
+        ),
+    ]
+    path = tmp_path / "events.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    recs, bad = analyze.read_events([str(path)])
+    by_task = {r["task"]: r for r in recs}
+    assert (by_task[7]["conversation"], by_task[7]["conversation_source"]) == ("c0123456789ab", "header")
+    assert (by_task[8]["conversation"], by_task[8]["conversation_source"]) == (None, "uncertain")
+    assert len(recs) == 2 and bad == 1

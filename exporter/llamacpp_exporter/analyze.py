@@ -268,9 +268,12 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
                         obj = json.loads(line)
                     except ValueError:
                         obj = None
-                    proof = _as_proof(obj)
-                    if proof is not None:
-                        proofs[proof[0]] = proof[1]
+                    if isinstance(obj, dict) and "proof" in obj:
+                        proof = _as_proof(obj)
+                        if proof is None:
+                            bad += 1
+                        else:
+                            proofs[proof[0]] = proof[1]
                         continue
                     rec = _as_record(obj)
                     if rec is None:
