@@ -57,7 +57,11 @@ def main() -> None:
         recs: list[dict] = []
         while time.monotonic() < deadline and len(recs) < len(truths):
             time.sleep(0.5)
-            recs = [r for r in map(json.loads, events.read_text().splitlines()) if "proof" not in r] if events.exists() else []
+            recs = (
+                [r for r in map(json.loads, events.read_text().splitlines()) if "proof" not in r]
+                if events.exists()
+                else []
+            )
         print(
             f"\n{'task':>5} {'slot':>4} {'path':>6} {'lora':>7} {'prompt':>6} {'reused':>6} "
             f"{'restore':>24} {'prefill s':>9} {'ms/token':>8} {'overlap s':>9}"
