@@ -289,7 +289,13 @@ class FileFollower:
         else:
             self.pos = 0
         if self._first_open and self.pos > 0 and self.on_catch_up is not None:
-            start = run_start(fh, self.pos, self.catch_up_bytes)
+            try:
+                start = run_start(fh, self.pos, self.catch_up_bytes)
+                banner = start == 0 or _banner_at(fh, start)
+            except OSError as e:  # read on from where we are: the state is then partial, as before
+                self.stats.read_error()
+                log.warning("cannot read %s again to catch up: %s", self.path, e.strerror)
+                start, banner = self.pos, False
             if start < self.pos:
                 log.info(
                     "reading %s from offset %d to %d again first (the server run's %s), so that what the "
@@ -298,7 +304,7 @@ class FileFollower:
                     self.path,
                     start,
                     self.pos,
-                    "start" if start == 0 or _banner_at(fh, start) else f"last {self.catch_up_bytes >> 20} MiB",
+                    "start" if banner else f"last {self.catch_up_bytes >> 20} MiB",
                 )
                 self.live_from, self.pos = self.pos, start
                 self.on_catch_up(True)
