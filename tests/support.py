@@ -23,8 +23,12 @@ from llamacpp_exporter.records import RequestRecord
 
 
 def value(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
-    """A sample's value through the public API (0 when the series does not exist yet)."""
-    v = registry.get_sample_value(name, labels or {})
+    """A sample's value through the public API (0 when the series does not exist yet). A
+    series of a server process or of requests without a model given: a plain server's ("")."""
+    labels = labels or {}
+    v = registry.get_sample_value(name, labels)
+    if v is None and "model" not in labels:
+        v = registry.get_sample_value(name, {"model": "", **labels})
     return 0.0 if v is None else v
 
 
@@ -138,11 +142,13 @@ def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
 
 
 def samples(text: str, name: str) -> dict[tuple, float]:
+    """A family's samples by their labels; an empty label is no label, as Prometheus stores it
+    (a plain server's model="")."""
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             if s.name == name:
-                out[tuple(sorted(s.labels.items()))] = s.value
+                out[tuple(sorted((k, v) for k, v in s.labels.items() if v != ""))] = s.value
     return out
 
 

@@ -153,7 +153,7 @@ def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment():
         pl.process_line(line, 0.0)
     pl.flush()
     assert [r.conversation for r in recs] == [ps("id:first"), ps("id:second"), ps("id:third")]
-    assert reg.get_sample_value("llamacpp_exporter_conversation_arrivals_dropped_total") == 1
+    assert reg.get_sample_value("llamacpp_exporter_conversation_arrivals_dropped_total", {"model": ""}) == 1
 
 
 # ---------------------------------------------------------------- lineage keeps conversations apart

@@ -49,7 +49,7 @@ CASES = [
     ("task 2 | prompt eval time =     533.55 ms /   232 tokens", p.PromptTiming(0, 2, 533.55, 232)),
     ("task 2 |        eval time =     556.46 ms /    24 tokens", p.EvalTiming(0, 2, 556.46, 24, 24.19)),
     ("task 2 | stop processing: n_tokens = 255, truncated = 0", p.TaskReleased(0, 2, 255, False)),
-    ("sampler chain:", p.Ignored()),
+    ("sampler chain:", None),
     ("llama_model_loader: - kv   0", p.Ignored()),
 ]
 
@@ -201,3 +201,33 @@ def test_bytes_that_are_not_text_are_unreadable_not_ignored():
     assert count("unreadable") >= 100 + 0.97 * random_lines and count("ignored") <= 0.03 * random_lines
     assert total == count("unreadable") + count("ignored") + count("parsed") + count("unrecognized")
     assert not isinstance(p.parse_line("0.00.001.000 I srv  llama_server: tab\there").event, p.Unreadable)
+
+
+ROUTER_LOG = Path(__file__).resolve().parent / "fixtures" / "logs" / "router-two-models.log"
+
+
+def test_router_lines_name_the_child_and_its_model():
+    # recorded: a llama-server router with two presets (tests/fixtures/logs/router-two-models.log)
+    events = [p.parse_line(line.rstrip("\n")) for line in ROUTER_LOG.open()]
+    own = [e.event for e in events if e.child is None and not isinstance(e.event, p.Ignored)]
+    assert p.RouterStarted() in own
+    assert [e for e in own if isinstance(e, p.ModelAvailable)] == [p.ModelAvailable("alpha"), p.ModelAvailable("beta")]
+    spawned = [e for e in own if isinstance(e, p.ChildSpawned)]
+    assert [e.name for e in spawned] == ["alpha", "beta"]
+    ports = {e.port for e in spawned}
+    assert {e.child for e in events if e.child is not None} == ports
+    assert sum(isinstance(e, p.ChildExited) and e.status == 0 for e in own) == 2
+    # each child's own lines parse as a plain server's, its clock its own
+    child = [e for e in events if e.child == spawned[0].port]
+    assert isinstance(child[0].event, p.ServerStarting) and child[0].ts_us < 10_000
+
+
+def test_router_names_in_client_driven_lines_are_only_read_as_names():
+    # invented lines, shaped like server-models.cpp's: the conv_id is the client's, never kept
+    line = "0.03.000.000 I srv    operator(): request for conv_id=zebra secret cancelled while model name=alpha was loading"
+    assert p.parse_line(line).event == p.ModelRequestCancelled("alpha")
+    assert p.parse_line("0.03.000.000 I srv          join: request for name=beta queued at position 2").event == (
+        p.ModelRequestQueued("beta")
+    )
+    # a prefix of more than five digits is no router's port
+    assert p.parse_line("[1234567] 0.00.000.815 I srv  llama_server: initializing ...").child is None

@@ -68,5 +68,5 @@ def test_no_text_leaves_the_exporter(tmp_path):
     assert all(a.returncode == 0 for a in analyzed)
     for out in (text, om, events.read_text(), stderr, *(a.stdout + a.stderr for a in analyzed)):
         assert CANARY not in out
-    assert "llamacpp_exporter_server_debug_logging 1.0" in text
+    assert 'llamacpp_exporter_server_debug_logging{model=""} 1.0' in text
     assert "logs DEBUG lines" in stderr  # the operator is told, without the text

@@ -79,4 +79,4 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
     for name, out in outputs.items():
         assert CANARY not in out, name
     if verbosity == 5:
-        assert "llamacpp_exporter_server_debug_logging 1.0" in outputs["metrics"]
+        assert 'llamacpp_exporter_server_debug_logging{model=""} 1.0' in outputs["metrics"]

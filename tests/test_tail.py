@@ -247,7 +247,7 @@ def _run_exporter_on(source_args: list[str], stdin_bytes: bytes | None, tmp_path
         while time.monotonic() < deadline:
             try:
                 text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-                if 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text:
+                if 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text:
                     break
             except httpx.HTTPError:
                 pass
@@ -264,13 +264,13 @@ LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 @pytest.mark.integration
 def test_exporter_reads_standard_input(tmp_path):
     text = _run_exporter_on(["--llama.log-path", "-"], LOG.read_bytes(), tmp_path)
-    assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
+    assert 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text
 
 
 @pytest.mark.integration
 def test_exporter_follows_a_command(tmp_path):
     text = _run_exporter_on(["--llama.log-command", f"cat {LOG}; sleep 60"], None, tmp_path)
-    assert 'llamacpp_requests_total{lora="unknown",path="ram"} 30.0' in text
+    assert 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text
 
 
 @pytest.mark.integration

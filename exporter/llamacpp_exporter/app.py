@@ -259,8 +259,8 @@ class Exporter:
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None
 
-    def _request_slots_poll(self, until_prefill_started: bool) -> None:
-        self.poller.request_slots_poll(until_prefill_started)
+    def _request_slots_poll(self, until_prefill_started: bool, model: str) -> None:
+        self.poller.request_slots_poll(until_prefill_started, model)
 
     def _put(self, item: Any) -> None:
         while not self.stop.is_set():

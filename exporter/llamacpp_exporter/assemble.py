@@ -47,6 +47,7 @@ class _Slot:
     last_task: int | None = None
     selection: Selection | None = None
     draft: TaskDraft | None = None  # the task running on it
+    sampler_set: bool = False  # "sampler chain" since its last launch: the next task samples
 
 
 class Assembler:
@@ -59,8 +60,12 @@ class Assembler:
         slots_polled: bool = False,
         request_slots_poll: Callable[[bool], None] | None = None,
         pseudonymize: Callable[[str], str] | None = None,
+        model: str = "",
     ) -> None:
         self.sink = sink
+        self.model = model  # a router's child: the model it serves ("" for a plain server)
+        self.caught_up_at: tuple[int, int] | None = None  # (epoch, log time) the exporter started at
+        self.saved_poll: Callable[[bool], None] | None = None  # request_slots_poll while catching up
         self.request_slots_poll = request_slots_poll  # ask for a /slots poll now (a task started or ended)
         self.epoch = 0
         self.server = ServerState(sink, self._server_changed)
@@ -68,6 +73,11 @@ class Assembler:
         self.lora = LoraTracker()
         self.attribution = Attribution(sink, pseudonymize or Pseudonymizer(), lambda: self.clock.now, self._all_idle)
         self.finisher = Finisher(on_record, settings or AssemblySettings(), self.lora, self.attribution, slots_polled)
+        self.finisher.model = model
+        if model:
+            self.attribution.lineage_scope = f"lineage:{model}:"
+        self._choices: dict[int, int] = {}  # parent task -> choices of its n > 1 request
+        self._sampler_lines = False  # this log shows "sampler chain" (TRACE) at each completion's launch
         self._own_handlers: dict[type, Callable[[Any], None]] = {  # the cache's and the join's: per epoch
             p.ServerStarting: self._on_server_starting,
             p.Verbosity: self.server.verbosity_read,
@@ -78,6 +88,8 @@ class Assembler:
             p.IdleSlotSaving: self._on_idle_slot_saving,
             p.LoraCacheCleared: self._on_lora_cleared,
             p.SlotPromptCleared: self._on_slot_prompt_cleared,
+            p.SamplerChainSet: self._on_sampler_set,
+            p.ChildTasksLaunched: self._on_child_tasks,
             p.TaskLaunched: self._on_task_launched,
             p.NewPrompt: self._on_new_prompt,
             p.CachedTokens: self._on_cached_tokens,
@@ -247,6 +259,23 @@ class Assembler:
         self._slot(ev.slot).tokens = 0
 
     # ------------------------------------------------------------ a task's life on its slot
+    def _on_sampler_set(self, ev: p.SamplerChainSet) -> None:
+        self._slot(ev.slot).sampler_set = True
+        self._sampler_lines = True
+
+    def _on_child_tasks(self, ev: p.ChildTasksLaunched) -> None:
+        self._choices[ev.parent_task] = ev.n_children + 1
+        if len(self._choices) > 64:  # its tasks launch right after this line
+            del self._choices[next(iter(self._choices))]
+
+    def _task_kind(self, s: _Slot) -> str:
+        """A task that samples logs "sampler chain" (TRACE) just before its launch; one that
+        does not is an embedding or rerank task (server-context.cpp launch_slot_with_task,
+        need_sampling). Only a log that has shown the line tells: below -lv 4 it is never
+        there, and every task is taken for a completion."""
+        sampled, s.sampler_set = s.sampler_set, False
+        return "embedding" if self._sampler_lines and not sampled else "completion"
+
     def _on_task_launched(self, ev: p.TaskLaunched) -> None:
         s = self._slot(ev.slot)
         if s.draft is not None and s.draft.task != ev.task:
@@ -254,18 +283,30 @@ class Assembler:
             self._release(s, s.draft, cancelled=True)
         sel, s.selection = s.selection, None
         self.cache.launched(sel)
-        d = TaskDraft(epoch=self.epoch, slot=ev.slot, task=ev.task, start_us=self.clock.now, is_child=ev.is_child)
+        kind = self._task_kind(s)
+        d = TaskDraft(
+            epoch=self.epoch,
+            slot=ev.slot,
+            task=ev.task,
+            start_us=self.clock.now,
+            is_child=ev.is_child,
+            kind=kind,
+            choices=self._choices.pop(ev.task, 1),
+        )
         if sel is not None:
             sel.hand_over(d)
         # whose state the prompt was compared with: the restored entry's task, else the slot's
         d.state_source_task = (d.entry_source[1] if d.entry_source else None) if d.ram_restored else s.last_task
-        if not ev.is_child:
+        if kind != "completion":
+            self.attribution.foreign_launched()
+        elif not ev.is_child:
             self.attribution.launched(
                 ev.task, lineage_parent(sel, self.epoch, s.last_task), continued_tasks(sel, self.epoch, s.last_task)
             )
         s.draft = d
         s.last_task = ev.task
-        self.prefills.launched(ev.slot, ev.task, self.clock.now)
+        if not ev.is_child:  # a child copies its parent's prompt state: no prefill of its own
+            self.prefills.launched(ev.slot, ev.task, self.clock.now)
         if self.request_slots_poll is not None:
             # the LoRA always comes from /slots; the reused tokens only when the log lacks them
             self.request_slots_poll(self.server.diagnostics is not True)
@@ -320,13 +361,14 @@ class Assembler:
         if d is None:
             return
         d.generated_tokens = ev.n_tokens
+        d.kind = "completion"  # it decoded: whatever its launch looked like
         d.decode_seconds = ev.ms / 1000.0
         if ev.n_tokens >= 2:
             d.time_per_output_token_seconds = ev.ms_per_token / 1000.0
         # exact intervals from the server's own timings, ending at this line
         d.decode_start_us = self.clock.now - int(ev.ms * 1000)
         d.decode_end_us = self.clock.now
-        if d.prefill_seconds is not None:
+        if d.prefill_seconds is not None and not d.is_child:
             prefill_start = d.decode_start_us - int(d.prefill_seconds * 1_000_000)
             self.prefills.timed(ev.slot, d.task, prefill_start, d.decode_start_us, d.prefill_tokens)
             self.sink.prefill_in_progress(ev.slot, 0)
@@ -337,7 +379,8 @@ class Assembler:
         d = s.draft
         s.tokens = ev.n_tokens
         if d is not None and d.task == ev.task:
-            self._release(s, d, cancelled=d.generated_tokens is None)
+            # an embedding prints no timings: it ended as it should unless cancelled
+            self._release(s, d, cancelled=d.generated_tokens is None and d.kind == "completion")
 
     def _release(self, s: _Slot, d: TaskDraft, cancelled: bool) -> None:
         d.end_us = self.clock.now
@@ -352,6 +395,8 @@ class Assembler:
             self.server.set_diagnostics(False)  # a whole task without its TRACE lines: -lv 3
         if self.request_slots_poll is not None:
             self.request_slots_poll(False)  # capture params.lora right after the task, if missed
+        if d.is_child:
+            return  # another choice of its parent's request: the parent's record is the request
         self.finisher.add(d)
 
     def _release_running(self) -> None:

@@ -51,6 +51,8 @@ class Attribution:
     ) -> None:
         self.sink = sink
         self.pseudonymize = pseudonymize
+        # a router's children count tasks and epochs each on their own: a lineage root names its model
+        self.lineage_scope = "lineage:"
         self.now = now  # server time of the line being read
         self.all_idle = all_idle  # no slot is running a task
         self.epoch = 0
@@ -105,6 +107,10 @@ class Attribution:
         self._lineage_parent[(self.epoch, task)] = parent
         if len(self._lineage_parent) > MAX_TASKS:
             self._lineage_parent.popitem(last=False)
+
+    def foreign_launched(self) -> None:
+        """An embedding or rerank task launched: no arrival of the join is its request."""
+        self.join.foreign_launch(self.now())
 
     def _count_dropped(self) -> None:
         while self._dropped_seen < self.join.dropped_arrivals:
@@ -176,7 +182,7 @@ class Attribution:
                     return (None, "uncertain") if now else None
                 if pc[1] == "lineage":
                     conv = pc[0]
-            out = (conv or self.pseudonymize(f"lineage:{epoch}:{task}"), "lineage")
+            out = (conv or self.pseudonymize(f"{self.lineage_scope}{epoch}:{task}"), "lineage")
         self._conv[key] = out
         if len(self._conv) > MAX_TASKS:
             self._conv.popitem(last=False)

@@ -52,6 +52,7 @@ class Finisher:
         self.prefills = PrefillTimeline()  # the current epoch's, set by the assembler
         self.snapshot_seq = 0  # /slots snapshots seen
         self.next_deadline = 1 << 62  # the earliest log time a waiting record stops waiting for the join
+        self.model = ""  # a router's child: the model it serves
 
     def add(self, d: TaskDraft) -> None:
         d.released_seq = self.snapshot_seq
@@ -73,7 +74,7 @@ class Finisher:
         att = self.attribution
         if d.epoch != att.epoch:
             return True
-        if not d.is_child and att.conversation(d.epoch, d.task) is None:
+        if not d.outside_join and att.conversation(d.epoch, d.task) is None:
             return False
         return all(att.conversation(att.epoch, task) is not None for task, _, _ in self._overlapping(d))
 
@@ -100,7 +101,7 @@ class Finisher:
 
     def _fix_conversation(self, d: TaskDraft, waited_enough: bool) -> None:
         att = self.attribution
-        if d.is_child:
+        if d.outside_join:
             d.conversation, d.conversation_proven = (None, None), True  # type: ignore[assignment]
         elif self._conversations_known(d):
             d.conversation, d.conversation_proven = att.conversation_now(d.epoch, d.task), True
@@ -124,7 +125,7 @@ class Finisher:
         self.pending.remove(d)
         st = self.settings
         if d.conversation is None:  # the end of the input, or it waited max_wait_us
-            known = d.is_child or self._conversations_known(d)
+            known = d.outside_join or self._conversations_known(d)
             self._fix_conversation(d, True)
             d.conversation_proven = bool(known)
         assert d.conversation is not None
@@ -147,7 +148,7 @@ class Finisher:
         wasted = max(0, offered - d.reused_tokens) if offered is not None and d.reused_tokens is not None else None
         outcome = miss_cause = None
         takeover = False
-        if d.prompt_tokens and d.reused_tokens is not None:
+        if d.prompt_tokens and d.reused_tokens is not None and d.kind == "completion":
             outcome = classify.outcome(
                 d.prompt_tokens, d.reused_tokens, st.min_prompt_tokens, st.hit_ratio, st.miss_ratio
             )
@@ -179,6 +180,9 @@ class Finisher:
             epoch=d.epoch,
             slot=d.slot,
             task=d.task,
+            model=self.model,
+            kind=d.kind,
+            choices=d.choices,
             path=d.path,
             lora=lora.state(request),
             lora_config=lora_config,
@@ -219,5 +223,5 @@ class Finisher:
             end_us=d.end_us,
         )
         self.emit(rec)
-        if not d.is_child:
+        if not d.outside_join:
             self.attribution.went_out(rec, d.conversation_proven)

@@ -520,6 +520,19 @@ class HeaderJoin:
                     self._continued_by.setdefault(parent, []).append(task)
         self._attempt(task, None)
 
+    def foreign_launch(self, now_us: int) -> None:
+        """A task launched that is no request of an arrival: an embedding or rerank task (its
+        request logs no ``conv_id`` line). Its id is one more id no line names (rule 4). While
+        it waited in the deferred queue it was counted as a request's task: if it may have been
+        there, nothing since is provable, and the join starts afresh when the server is idle."""
+        self._now_us = self._last_activity_us = now_us
+        self._try_line()
+        self._busy_next, self._pinned = 0, None
+        if self.aligned and not self._deferred.certainly_empty():
+            self._fail_unresolved()
+            self._reset()
+            self.aligned = False
+
     def cancelled(self, task: int) -> None:
         """``cancel task`` for a task that is not running."""
         self.last_max_id = max(self.last_max_id, task)

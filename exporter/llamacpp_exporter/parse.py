@@ -176,6 +176,23 @@ class TaskLaunched:
 
 
 @dataclass(slots=True)
+class SamplerChainSet:
+    """``sampler chain: ...`` (TRACE), just before a task's launch on this slot: the task
+    samples tokens (a completion or infill). Embedding and rerank tasks launch without one."""
+
+    slot: int
+
+
+@dataclass(slots=True)
+class ChildTasksLaunched:
+    """``launching slots for parent task id_task = N with K child tasks``: an n > 1 request,
+    one parent task and K children that copy its prompt state (one request, K + 1 choices)."""
+
+    parent_task: int
+    n_children: int
+
+
+@dataclass(slots=True)
 class IdleSlotSaving:
     slot: int
 
@@ -263,6 +280,71 @@ class TaskLaunchFailed:
     task: int
 
 
+# ---- the router's own lines (llama-server --models-preset / --models-dir, server-models.cpp).
+# Model names are the operator's presets or model files, never client text; the pipeline
+# still takes a name as a label value only from a spawn line (bounded, see router.py).
+
+
+@dataclass(slots=True)
+class RouterStarted:
+    """``starting server in router mode``: this log is a router's; its children's lines come
+    prefixed with ``[port] ``."""
+
+
+@dataclass(slots=True)
+class ModelAvailable:
+    """``  [    preset] M`` under ``Available models (N):``: a model the router can serve."""
+
+    name: str
+
+
+@dataclass(slots=True)
+class ChildSpawned:
+    """``spawning server instance with name=M on port P``: the child on port P serves M."""
+
+    name: str
+    port: int
+
+
+@dataclass(slots=True)
+class ChildExited:
+    """``instance name=M exited with status S``."""
+
+    name: str
+    status: int
+
+
+@dataclass(slots=True)
+class RequestProxied:
+    """``proxying request to model M on port P``: a request (or a /slots, /metrics poll) went
+    to the child."""
+
+    name: str
+    port: int
+
+
+@dataclass(slots=True)
+class ModelRequestQueued:
+    """``request for name=M queued at position N`` / ``joined the queue``: a request waits for
+    its model to load."""
+
+    name: str
+
+
+@dataclass(slots=True)
+class ModelRequestCancelled:
+    """``request for conv_id=... cancelled while model name=M was loading``."""
+
+    name: str
+
+
+@dataclass(slots=True)
+class ChildStopping:
+    """``stopping model instance name=M`` (unload, swap, shutdown)."""
+
+    name: str
+
+
 @dataclass(slots=True)
 class DebugLine:
     """A ``D`` line: llama-server runs at -lv 5 and logs prompt text. Content dropped here."""
@@ -307,6 +389,8 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     CacheEvicted,
     CacheRestoreFailed,
     LoraCacheCleared,
+    SamplerChainSet,
+    ChildTasksLaunched,
     TaskLaunched,
     IdleSlotSaving,
     SlotPromptCleared,
@@ -321,6 +405,14 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     TaskCancelled,
     TaskFailed,
     TaskLaunchFailed,
+    RouterStarted,
+    ModelAvailable,
+    ChildSpawned,
+    ChildExited,
+    RequestProxied,
+    ModelRequestQueued,
+    ModelRequestCancelled,
+    ChildStopping,
     DebugLine,
     Ignored,
     Unrecognized,
@@ -332,6 +424,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
 class ParsedLine:
     ts_us: int | None
     event: Event
+    child: int | None = None  # the router's [port] prefix: the line is that child's
 
 
 IGNORED = Ignored()
@@ -345,7 +438,7 @@ ALL_SLOTS_IDLE = AllSlotsIdle()
 # ---------------------------------------------------------------- envelope
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_ROUTER = re.compile(r"^\[ *\d+\] ")
+_ROUTER = re.compile(r"^\[ *\d{1,5}\] ")
 # timestamp + level letter, both optional (--no-log-timestamps / --no-log-prefix)
 _PREFIX = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
 # tag, function column (12 chars, right aligned) and, for slot lines, the ids
@@ -385,6 +478,15 @@ _RE_CACHE_LIMIT = re.compile(r"prompt cache is enabled, size limit: (-?\d+) MiB"
 _RE_CANCEL = re.compile(r"cancel task, id_task = (\d+)")
 _RE_SEND_ERROR = re.compile(r"task id = (\d+), error: ")
 _RE_LAUNCH_FAILED = re.compile(r"failed to launch slot with (?:parent )?task, id_task = (\d+)")
+_RE_PARENT = re.compile(r"launching slots for parent task id_task = (\d+) with (\d+) child tasks")
+_MODEL_NAME = r"(\S{1,256})"
+_RE_SPAWNED = re.compile(r"spawning server instance with name=" + _MODEL_NAME + r" on port (\d{1,5})$")
+_RE_EXITED = re.compile(r"instance name=" + _MODEL_NAME + r" exited with status (-?\d{1,6})$")
+_RE_PROXIED = re.compile(r"proxying request to model " + _MODEL_NAME + r" on port (\d{1,5})$")
+_RE_QUEUED = re.compile(r"request for name=" + _MODEL_NAME + r" (?:queued at position|joined the queue)")
+_RE_LOAD_CANCELLED = re.compile(r" cancelled while model name=" + _MODEL_NAME + r" was loading$")
+_RE_AVAILABLE = re.compile(r"  \[ *[a-z]{1,16}\] " + _MODEL_NAME)
+_RE_STOPPING = re.compile(r"stopping model instance name=" + _MODEL_NAME + "$")
 
 # slot-line messages that are known and carry nothing we need
 _SLOT_IGNORED_PREFIXES = (
@@ -415,6 +517,7 @@ _SLOT_IGNORED_PREFIXES = (
     "need to evaluate at least 1 token",
     "got exception",
     "failed to load prompt from cache",
+    " - copying state to child",
 )
 
 
@@ -471,6 +574,8 @@ def _slot_event(func: str, slot: int, task: int, msg: str) -> Event:
             return SlotSelected(slot, "id")
         elif msg.startswith("saving idle slot to prompt cache"):
             return IdleSlotSaving(slot)
+        elif msg.startswith("sampler chain"):
+            return SamplerChainSet(slot)
     elif c == "n":
         if msg.startswith("new prompt"):
             m = _RE_NEW_PROMPT.match(msg)
@@ -567,6 +672,49 @@ def _srv_event(func: str, msg: str) -> Event:
         m = _RE_LAUNCH_FAILED.match(msg)
         if m:
             return TaskLaunchFailed(int(m.group(1)))
+    if msg.startswith("launching slots for parent"):
+        m = _RE_PARENT.match(msg)
+        if m:
+            return ChildTasksLaunched(int(m.group(1)), int(m.group(2)))
+    return _router_event(msg)
+
+
+def _router_event(msg: str) -> Event:
+    """The router's own srv lines; the names they carry are models the router knows."""
+    c = msg[:1]
+    m: re.Match[str] | None = None
+    if c == " " and msg.startswith("  ["):
+        m = _RE_AVAILABLE.match(msg)
+        if m:
+            return ModelAvailable(m.group(1))
+    elif c == "p" and msg.startswith("proxying request to model "):
+        m = _RE_PROXIED.match(msg.rstrip())
+        if m:
+            return RequestProxied(m.group(1), int(m.group(2)))
+    elif c == "s":
+        if msg.startswith("spawning server instance with name="):
+            m = _RE_SPAWNED.match(msg.rstrip())
+            if m:
+                return ChildSpawned(m.group(1), int(m.group(2)))
+        elif msg.startswith("starting server in router mode"):
+            return RouterStarted()
+        elif msg.startswith("stopping model instance name="):
+            m = _RE_STOPPING.match(msg.rstrip())
+            if m:
+                return ChildStopping(m.group(1))
+    elif c == "i" and msg.startswith("instance name="):
+        m = _RE_EXITED.match(msg.rstrip())
+        if m:
+            return ChildExited(m.group(1), int(m.group(2)))
+    elif c == "r" and msg.startswith("request for "):
+        if msg.startswith("request for name="):
+            m = _RE_QUEUED.match(msg)
+            if m:
+                return ModelRequestQueued(m.group(1))
+        elif msg.startswith("request for conv_id="):
+            m = _RE_LOAD_CANCELLED.search(msg.rstrip())
+            if m:
+                return ModelRequestCancelled(m.group(1))
     return IGNORED
 
 
@@ -637,7 +785,10 @@ def _parse_general(line: str) -> ParsedLine:
     if line.startswith("["):
         m = _ROUTER.match(line)
         if m:
-            line = line[m.end() :]
+            # a router's child: its own line, with its own clock and task ids
+            parsed = _parse_line(line[m.end() :])
+            parsed.child = int(line[1 : m.end() - 2])
+            return parsed
     if line.startswith("{"):
         return _parse_jsonl(line)
     m = _PREFIX.match(line)

@@ -12,15 +12,17 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import IO
 
 from prometheus_client import CollectorRegistry, Counter
 
 from . import parse
 from .assemble import Assembler, AssemblySettings
-from .conversations import ConversationCollector, ConversationCosts
+from .conversations import ConversationCollector, ConversationCosts, Pseudonymizer
 from .metrics import LogMetrics, RequestMetrics
 from .records import LoraAdapters, RequestRecord, SlotsSnapshot
+from .router import ChildNames, RouterMetrics
 
 log = logging.getLogger(__name__)
 
@@ -92,20 +94,25 @@ class EventsFile:
 
 
 class _Facts:
-    """The assembler's line-level facts: to the log metrics, with what the operator should
-    read in the exporter's own log said once."""
+    """One server process's line-level facts (a plain server's, or one child of a router):
+    to the log metrics under its model, with what the operator should read in the exporter's
+    own log said once."""
 
-    def __init__(self, metrics: LogMetrics, requests: RequestMetrics, costs: ConversationCosts) -> None:
+    def __init__(self, metrics: LogMetrics, requests: RequestMetrics, costs: ConversationCosts, model: str) -> None:
         self.metrics = metrics
         self.requests = requests
+        self.model = model
         self._untested_warned = False
-        self.cache_state = metrics.cache_state
-        self.cache_saved = metrics.cache_saved
-        self.cache_evicted = metrics.cache_evicted
-        self.cache_update_duration = metrics.cache_update_duration
-        self.prefill_in_progress = metrics.prefill_in_progress
-        self.out_of_order_lines = metrics.out_of_order_lines
-        self.conversation_arrival_dropped = metrics.conversation_arrival_dropped
+        self._of = f" (model {model})" if model else ""
+        metrics.model_known(model)
+        m = model
+        self.cache_state = partial(metrics.cache_state, m)
+        self.cache_saved = partial(metrics.cache_saved, m)
+        self.cache_evicted = partial(metrics.cache_evicted, m)
+        self.cache_update_duration = partial(metrics.cache_update_duration, m)
+        self.prefill_in_progress = partial(metrics.prefill_in_progress, m)
+        self.out_of_order_lines = partial(metrics.out_of_order_lines, m)
+        self.conversation_arrival_dropped = partial(metrics.conversation_arrival_dropped, m)
         self.conversation_cost = costs.cost
         self.proof_consumers: list[Callable[[RequestRecord, str, str], None]] = []
         self.skip_proof: Callable[[RequestRecord], bool] = lambda _rec: False
@@ -117,48 +124,51 @@ class _Facts:
             consume(record, conversation, source)
 
     def slots_known(self, slot_ids: list[int]) -> None:
-        self.metrics.slots_known(slot_ids)
-        self.requests.slots_known(slot_ids)
+        self.metrics.slots_known(self.model, slot_ids)
+        self.requests.slots_known(self.model, slot_ids)
 
     def diagnostics(self, available: bool, verbosity: int | None) -> None:
-        self.metrics.diagnostics(available, verbosity)
+        self.metrics.diagnostics(self.model, available, verbosity)
         if not available:
             log.warning(
-                "llama-server is not logging at -lv 4: RAM prompt-cache diagnostics (restores, LoRA "
+                "llama-server%s is not logging at -lv 4: RAM prompt-cache diagnostics (restores, LoRA "
                 "discards, reused tokens from the log) are unavailable; prefill and decode figures stay "
-                "exact. Start llama-server with -lv 4 to enable them."
+                "exact. Start llama-server with -lv 4 to enable them.",
+                self._of,
             )
         else:
-            log.info("llama-server logs at -lv 4: RAM prompt-cache diagnostics available")
+            log.info("llama-server%s logs at -lv 4: RAM prompt-cache diagnostics available", self._of)
 
     def debug_logging_seen(self) -> None:
-        self.metrics.debug_logging_seen()
+        self.metrics.debug_logging_seen(self.model)
         log.warning(
-            "llama-server logs DEBUG lines (-lv 5 / -v): its log contains prompt and completion "
+            "llama-server%s logs DEBUG lines (-lv 5 / -v): its log contains prompt and completion "
             "text. The exporter drops these lines and copies no text, but the log file itself "
-            "holds user data. Use -lv 4."
+            "holds user data. Use -lv 4.",
+            self._of,
         )
 
     def server_build(self, number: int, commit: str) -> None:
-        self.metrics.server_build(number, commit)
+        self.metrics.server_build(self.model, number, commit)
         if number == 0:
-            log.info("llama-server was built without version information (build 0): its build is unknown")
+            log.info("llama-server%s was built without version information (build 0): its build is unknown", self._of)
         elif number in TESTED_BUILDS:
-            log.info("llama-server build %d (%s), a build the exporter is tested with", number, commit)
+            log.info("llama-server%s build %d (%s), a build the exporter is tested with", self._of, number, commit)
         elif not self._untested_warned:
             self._untested_warned = True
             log.warning(
-                "llama-server build %d (%s) is not one the exporter is tested with (%s): if its log changed, "
+                "llama-server%s build %d (%s) is not one the exporter is tested with (%s): if its log changed, "
                 "lines show as unrecognized in llamacpp_exporter_log_lines_total and the figures built on them "
                 "as unavailable",
+                self._of,
                 number,
                 commit,
                 ", ".join(map(str, TESTED_BUILDS)),
             )
 
     def server_restart(self) -> None:
-        self.metrics.server_restart()
-        log.info("llama-server restart seen in the log: starting a new epoch")
+        self.metrics.server_restart(self.model)
+        log.info("llama-server%s restart seen in the log: starting a new epoch", self._of)
 
 
 class Pipeline:
@@ -169,7 +179,7 @@ class Pipeline:
         *,
         events_path: str | None = None,
         slots_polled: bool = False,
-        request_slots_poll: Callable[[bool], None] | None = None,
+        request_slots_poll: Callable[[bool, str], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
         on_proof: Callable[[RequestRecord, str, str], None] | None = None,
         clock: Callable[[], float] = time.time,
@@ -178,73 +188,146 @@ class Pipeline:
     ) -> None:
         self.registry = registry
         self.clock = clock
+        self.settings = settings
+        self.slots_polled = slots_polled
+        self.request_slots_poll = request_slots_poll  # (until prefill started, model)
+        self.pseudonymize = pseudonymize or Pseudonymizer()
         self.costs = costs or ConversationCosts(clock=clock)
         registry.register(ConversationCollector(self.costs))
         self.requests = RequestMetrics(registry)
         self.metrics = LogMetrics(registry)
+        self.router = RouterMetrics(registry)
         self.events = EventsFile(events_path, registry) if events_path else None
         self.consumers: list[Callable[[RequestRecord], None]] = [self.requests.record, self.costs.request]
         if self.events is not None:
             self.consumers.append(self.events.write)
         if on_record is not None:
             self.consumers.append(on_record)
+        self.on_proof = on_proof
         self.records_out = 0
         self._catching_up = False
-        self._caught_up_at: tuple[int, int] | None = None  # (epoch, log time) the exporter started at
-        self._poll: Callable[[bool], None] | None = None
-        facts = _Facts(self.metrics, self.requests, self.costs)
+        # the plain server, or the router's own lines (a router serves no request itself)
+        self.assembler = self._new_assembler("")
+        self.children: dict[int, Assembler] = {}  # a router's: by the port its lines are prefixed with
+        self.names = ChildNames()
+
+    def _new_assembler(self, model: str) -> Assembler:
+        facts = _Facts(self.metrics, self.requests, self.costs, model)
         # a conversation proven after its record went out: to the conversation series, the
         # events file and a caller's callback
         facts.proof_consumers.append(lambda rec, conv, _source: self.costs.proven(conv, rec))
         if self.events is not None:
             facts.proof_consumers.append(self.events.write_proof)
-        if on_proof is not None:
-            facts.proof_consumers.append(on_proof)
-        facts.skip_proof = self._before_start
-        self.assembler = Assembler(
+        if self.on_proof is not None:
+            facts.proof_consumers.append(self.on_proof)
+        poll = self.request_slots_poll
+        a = Assembler(
             facts,
-            settings,
-            on_record=self._emit,
-            slots_polled=slots_polled,
-            request_slots_poll=request_slots_poll,
-            pseudonymize=pseudonymize,
+            self.settings,
+            on_record=lambda rec: self._emit(rec, a),
+            slots_polled=self.slots_polled,
+            request_slots_poll=None if poll is None else (lambda until: poll(until, model)),
+            pseudonymize=self.pseudonymize,
+            model=model,
         )
+        facts.skip_proof = lambda rec: self._before_start(rec, a)
+        a.caught_up_at = None  # (epoch, log time) the exporter started at
+        if self._catching_up:
+            a.saved_poll, a.request_slots_poll = a.request_slots_poll, None
+        return a
 
-    def _emit(self, record: RequestRecord) -> None:
-        if self._before_start(record):
+    @property
+    def assemblers(self) -> list[Assembler]:
+        return [self.assembler, *self.children.values()]
+
+    def _emit(self, record: RequestRecord, source: Assembler) -> None:
+        if self._before_start(record, source):
             return
         self.records_out += 1
         for consume in self.consumers:
             consume(record)
 
-    def _before_start(self, record: RequestRecord) -> bool:
+    def _before_start(self, record: RequestRecord, source: Assembler) -> bool:
         """A request that ended before the exporter started (read again to catch up)."""
         if self._catching_up:
             return True
-        q = self._caught_up_at
+        q = source.caught_up_at
         return q is not None and (record.epoch, record.end_us or 0) <= q
 
     def catch_up(self, started: bool) -> None:
         """The lines between ``catch_up(True)`` and ``catch_up(False)`` were written before the
         exporter started (the server run so far): they build the assembler's state as a replay
         would, but their requests are not counted again, and they ask for no /slots poll."""
-        a = self.assembler
         if started:
             self._catching_up = True
-            self._poll, a.request_slots_poll = a.request_slots_poll, None
+            for a in self.assemblers:
+                a.saved_poll, a.request_slots_poll = a.request_slots_poll, None
         elif self._catching_up:
             self._catching_up = False
-            a.request_slots_poll = self._poll
-            self._caught_up_at = (a.epoch, a.clock.now)
+            for a in self.assemblers:
+                a.request_slots_poll = a.saved_poll
+                a.caught_up_at = (a.epoch, a.clock.now)
 
+    # ------------------------------------------------------------ a router's children
+    def _child(self, port: int) -> Assembler:
+        a = self.children.get(port)
+        if a is None:
+            model = self.names.of_port(port)
+            self.requests.model_known(model)
+            a = self.children[port] = self._new_assembler(model)
+        return a
+
+    def _child_gone(self, port: int) -> None:
+        """The child process on this port ended (or its port now serves another model)."""
+        a = self.children.pop(port, None)
+        if a is not None:
+            a.flush(True)
+            if all(c.model != a.model for c in self.children.values()):
+                self.metrics.forget_model(a.model)
+
+    def _router_line(self, ev: parse.Event) -> None:
+        r, names = self.router, self.names
+        if isinstance(ev, parse.RouterStarted):
+            if not self.router.mode:
+                self.router.mode = True
+                self.requests.forget_model("")  # the router serves no request under its own name
+                self.metrics.forget_model("")
+                log.info("llama-server runs in router mode: one pipeline per model instance")
+        elif isinstance(ev, parse.ModelAvailable):
+            names.available(ev.name)
+        elif isinstance(ev, parse.ChildSpawned):
+            if ev.port in self.children:
+                self._child_gone(ev.port)
+            model = names.spawned(ev.name, ev.port)
+            r.spawned(model)
+        elif isinstance(ev, parse.ChildExited):
+            model = names.label(ev.name)
+            r.exited(model, ev.status)
+            for port in names.ports_of(ev.name):
+                self._child_gone(port)
+                names.gone(port)
+        elif isinstance(ev, parse.RequestProxied):
+            r.proxied(names.label(ev.name))
+        elif isinstance(ev, parse.ModelRequestQueued):
+            r.queued(names.label(ev.name))
+        elif isinstance(ev, parse.ModelRequestCancelled):
+            r.cancelled_while_loading(names.label(ev.name))
+
+    # ------------------------------------------------------------ inputs
     def process_line(self, line: str, now: float | None = None) -> None:
         """Hot path. Never raises on input: an unknown line is counted and skipped."""
         t = self.clock() if now is None else now
         parsed = parse.parse_line(line)
         m = self.metrics
-        m.lines[_RESULT.get(type(parsed.event), "parsed")] += 1
+        kind = type(parsed.event)
+        m.lines[_RESULT.get(kind, "parsed")] += 1
         m.last_line_time = t
         try:
+            if parsed.child is not None:
+                self._child(parsed.child).feed(parsed, int(t * 1_000_000))
+                return
+            if kind in _ROUTER_EVENTS:
+                self._router_line(parsed.event)
             self.assembler.feed(parsed, int(t * 1_000_000))
         except Exception:  # an assembler bug must not stop the exporter; count and go on
             log.exception("internal error while assembling a log event (line skipped)")
@@ -254,7 +337,8 @@ class Pipeline:
         """No line for a while: the server's time goes on although the log says nothing."""
         t = self.clock() if now is None else now
         try:
-            self.assembler.quiet(int(t * 1_000_000))
+            for a in self.assemblers:
+                a.quiet(int(t * 1_000_000))
         except Exception:
             log.exception("internal error while the log was quiet")
             self.metrics.internal_error()
@@ -264,17 +348,35 @@ class Pipeline:
 
     def process_snapshot(self, snap: SlotsSnapshot) -> None:
         try:
-            self.assembler.feed_snapshot(snap)
+            for a in self.assemblers:
+                if a.model == snap.model:
+                    a.feed_snapshot(snap)
         except Exception:
             log.exception("internal error while applying a /slots snapshot")
 
     def process_adapters(self, adapters: LoraAdapters) -> None:
-        self.assembler.feed_adapters(adapters)
+        for a in self.assemblers:
+            if a.model == adapters.model:
+                a.feed_adapters(adapters)
 
     def flush(self, running: bool = True) -> None:
-        self.assembler.flush(running)
+        for a in self.assemblers:
+            a.flush(running)
         if self.events is not None:
             self.events.close()
+
+
+_ROUTER_EVENTS = frozenset(
+    {
+        parse.RouterStarted,
+        parse.ModelAvailable,
+        parse.ChildSpawned,
+        parse.ChildExited,
+        parse.RequestProxied,
+        parse.ModelRequestQueued,
+        parse.ModelRequestCancelled,
+    }
+)
 
 
 def replay(

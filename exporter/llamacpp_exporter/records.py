@@ -15,6 +15,9 @@ RESTORE_RESULTS = (
 )
 OUTCOMES = ("hit", "partial", "miss")
 MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
+# what a task did: a completion (chat, /completion, infill) samples tokens; an embedding (or
+# rerank) task only evaluates its prompt. Told apart by the TRACE line "sampler chain" (-lv 4).
+TASK_KINDS = ("completion", "embedding")
 MISS_CAUSES = ("lora_discard", "forced_reprocess", "evicted", "no_cache_entry", "slot_prefix_mismatch", "unknown")
 CONTENTION = ("prefill", "none")
 
@@ -33,6 +36,9 @@ class RequestRecord:
     epoch: int
     slot: int
     task: int
+    model: str = ""  # the router's name of the model (its child process); "" for a plain server
+    kind: str = "completion"  # TASK_KINDS
+    choices: int = 1  # n > 1: one record for the request, its children are its other choices
     path: str = "unknown"
     lora: str = "unknown"
     lora_config: str | None = None  # effective adapter scales, e.g. "0:0.5"; None when unknown
@@ -93,6 +99,8 @@ class TaskDraft:
     task: int
     start_us: int
     is_child: bool = False  # a child task of an n > 1 request
+    kind: str = "completion"
+    choices: int = 1
     path: str = "unknown"
     prompt_tokens: int | None = None
     reused_tokens: int | None = None
@@ -127,6 +135,12 @@ class TaskDraft:
     # a replay, whenever /slots lets the record go out
     conversation: tuple[str | None, str] | None = None
     conversation_proven: bool = False
+
+    @property
+    def outside_join(self) -> bool:
+        """No request of its own to join: a child task of an n > 1 request, or an embedding
+        task (its request logs no conv_id line)."""
+        return self.is_child or self.kind != "completion"
 
     def seen_in_slots(self, s: SlotState) -> None:
         """The task as /slots shows it while it runs: its LoRA list, and (below -lv 4) the
@@ -163,6 +177,7 @@ class SlotState:
 @dataclass(frozen=True, slots=True)
 class SlotsSnapshot:
     slots: tuple[SlotState, ...]
+    model: str = ""  # a router's: the model whose /slots this is
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,3 +185,4 @@ class LoraAdapters:
     """Global adapter scales from ``/lora-adapters``, by adapter id."""
 
     scales: tuple[tuple[int, float], ...]
+    model: str = ""  # a router's: the model whose adapters these are

@@ -34,7 +34,13 @@ SERVER_PREFIX = "llamacpp_server_"
 QUEUED_READ_TIMEOUT = 60.0
 # Largest answer read from each endpoint: a bigger one is dropped and counted, never buffered
 # whole (a 512-slot /slots answer with long prompts is a few MB).
-MAX_ANSWER_BYTES = {"health": 64 << 10, "metrics": 4 << 20, "slots": 32 << 20, "lora-adapters": 1 << 20}
+MAX_ANSWER_BYTES = {
+    "health": 64 << 10,
+    "metrics": 4 << 20,
+    "slots": 32 << 20,
+    "lora-adapters": 1 << 20,
+    "models": 4 << 20,
+}
 
 
 class _Answer:
@@ -64,7 +70,7 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def parse_slots(obj: Any) -> SlotsSnapshot:
+def parse_slots(obj: Any, model: str = "") -> SlotsSnapshot:
     """``/slots`` JSON -> numeric slot states. Text fields (prompt, generated) are never read."""
     if not isinstance(obj, list):
         raise ValueError("/slots did not return a list")
@@ -102,7 +108,7 @@ def parse_slots(obj: Any) -> SlotsSnapshot:
                 n_ctx=_int(el.get("n_ctx")),
             )
         )
-    return SlotsSnapshot(tuple(slots))
+    return SlotsSnapshot(tuple(slots), model)
 
 
 def context_usage(snap: SlotsSnapshot) -> float:
@@ -116,14 +122,51 @@ def context_usage(snap: SlotsSnapshot) -> float:
     return held / total if total else float("nan")
 
 
-def parse_lora_adapters(obj: Any) -> LoraAdapters:
+def loaded_models(obj: Any) -> list[str] | None:
+    """A router's ``/models``: the models loaded now (status "loaded"). None when the answer is
+    not a router's (a plain server's entries have no status)."""
+    data = obj.get("data") if isinstance(obj, dict) else None
+    if not isinstance(data, list):
+        return None
+    out, router = [], False
+    for m in data:
+        if not isinstance(m, dict):
+            continue
+        status = m.get("status")
+        if not isinstance(status, dict):
+            continue
+        router = True
+        if status.get("value") == "loaded" and isinstance(m.get("id"), str):
+            out.append(m["id"])
+    return out if router else None
+
+
+def with_model_label(families: list[Metric], model: str) -> list[Metric]:
+    for fam in families:
+        fam.samples = [Sample(s.name, {**s.labels, "model": model}, s.value) for s in fam.samples]
+    return families
+
+
+def merge_families(per_model: list[list[Metric]]) -> list[Metric]:
+    """One family per name, with every model's samples."""
+    merged: dict[str, Metric] = {}
+    for fams in per_model:
+        for fam in fams:
+            if fam.name in merged:
+                merged[fam.name].samples.extend(fam.samples)
+            else:
+                merged[fam.name] = fam
+    return list(merged.values())
+
+
+def parse_lora_adapters(obj: Any, model: str = "") -> LoraAdapters:
     if not isinstance(obj, list):
         raise ValueError("/lora-adapters did not return a list")
     scales = []
     for a in obj:
         if isinstance(a, dict) and _int(a.get("id")) is not None and isinstance(a.get("scale"), (int, float)):
             scales.append((int(a["id"]), float(a["scale"])))
-    return LoraAdapters(tuple(sorted(scales)))
+    return LoraAdapters(tuple(sorted(scales)), model)
 
 
 def rename_server_metrics(text: str) -> list[Metric]:
@@ -156,7 +199,7 @@ def rename_server_metrics(text: str) -> list[Metric]:
 
 
 # ---------------------------------------------------------------- the poller
-ENDPOINTS = ("health", "metrics", "slots", "lora-adapters")
+ENDPOINTS = ("health", "metrics", "slots", "lora-adapters", "models")
 
 
 class PollerMetrics:
@@ -250,15 +293,40 @@ class ServerPoller:
         self.server_families: list[Metric] = []
         self._logged_down: dict[str, str] = {}
         self._slots_disabled = False
+        # a router (llama-server --models-preset/--models-dir): the models loaded at the last
+        # /models poll; its /slots, /metrics and /lora-adapters are per model. None: a plain server
+        self.models: list[str] | None = None
+        self._woken_models: set[str] = set()
 
-    def request_slots_poll(self, until_prefill_started: bool = False) -> None:
+    def request_slots_poll(self, until_prefill_started: bool = False, model: str = "") -> None:
         """Poll /slots now. One poll gives a task's LoRA; only where the log lacks the reused
-        tokens (below -lv 4) is it worth polling again until the task's prefill has begun."""
+        tokens (below -lv 4) is it worth polling again until the task's prefill has begun.
+        A router's child names its model: only that model's /slots is polled."""
         if until_prefill_started:
             self._until_prefill = True
+        with self._lock:
+            self._woken_models.add(model)
         self._wake.set()
 
-    def _get(self, endpoint: str, path: str) -> _Answer | None:
+    def _path(self, path: str, model: str) -> str | tuple[str, dict[str, str]]:
+        # autoload=false: a poll must never make the router load a model
+        return path if not model else (path, {"model": model, "autoload": "false"})
+
+    def _discover_router(self) -> None:
+        """A plain server answers /slots and /metrics without a model; a router answers 400 and
+        lists its models (with their status) at /models."""
+        r = self._get("models", "/models")
+        if r is None:
+            return
+        try:
+            models = loaded_models(r.json())
+        except ValueError:
+            models = None
+        if models is not None and self.models is None:
+            log.info("llama-server is a router: polling /slots and /metrics of each loaded model")
+        self.models = models
+
+    def _get(self, endpoint: str, path: str | tuple[str, dict[str, str]]) -> _Answer | None:
         t0 = time.monotonic()
         # /health must answer at once; the others may queue behind tasks inside llama-server,
         # which costs nothing off the scrape path, but never longer than the deadline in total:
@@ -267,8 +335,9 @@ class ServerPoller:
         timeout = httpx.Timeout(deadline, connect=self.connect_timeout)
         cap = MAX_ANSWER_BYTES.get(endpoint, 1 << 20)
         r: _Answer | None = None
+        url, params = (path, None) if isinstance(path, str) else path
         try:
-            with self.client.stream("GET", path, timeout=timeout) as resp:
+            with self.client.stream("GET", url, params=params, timeout=timeout) as resp:
                 body = bytearray()
                 for chunk in resp.iter_bytes():
                     body += chunk
@@ -304,45 +373,72 @@ class ServerPoller:
                     hint = " (loading the model)"
                 elif r is not None and r.status_code == 501 and endpoint == "slots":
                     hint = " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
-                log.warning("llama-server %s: %s%s", path, err, hint)
+                elif r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
+                    hint = " (a router? asking /models)"
+                log.warning("llama-server %s: %s%s", url, err, hint)
+            if r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
+                self._discover_router()
             return None
         if endpoint in self._logged_down:
             del self._logged_down[endpoint]
-            log.info("llama-server %s answers again", path)
+            log.info("llama-server %s answers again", url)
         return r
 
-    def poll_slots_once(self) -> SlotsSnapshot | None:
-        r = self._get("slots", "/slots")
+    def _targets(self) -> list[str]:
+        """ "" for a plain server, else the router's loaded models."""
+        return [""] if self.models is None else self.models
+
+    def poll_slots_once(self, models: Iterable[str] | None = None) -> SlotsSnapshot | None:
+        """/slots of a plain server, or of each (given) model a router has loaded. Returns the
+        last snapshot taken (None when one failed)."""
+        last: SlotsSnapshot | None = None
+        processing, usage = 0, []
+        targets = self._targets() if models is None else [m for m in models if m in self._targets()]
+        for model in targets:
+            snap = self._poll_slots(model)
+            if snap is None:
+                self.metrics.slots_processing.set(float("nan"))
+                self.metrics.kv_usage.set(float("nan"))
+                return None
+            processing += sum(1 for s in snap.slots if s.is_processing)
+            usage.append(context_usage(snap))
+            last = snap
+        if last is not None:
+            self.metrics.slots_processing.set(processing)
+            self.metrics.kv_usage.set(max(usage))
+        return last
+
+    def _poll_slots(self, model: str) -> SlotsSnapshot | None:
+        r = self._get("slots", self._path("/slots", model))
         snap = None
         if r is not None:
             try:
-                snap = parse_slots(r.json())
+                snap = parse_slots(r.json(), model)
             except ValueError as e:
                 self.metrics.scrape_errors.labels("slots").inc()
                 log.warning("unexpected /slots answer: %s", e)
         if snap is None:
             # an empty snapshot still tells the assembler a poll happened, so records that
             # wait for their task's LoRA are emitted (as unknown) instead of held back
-            self.on_snapshot(SlotsSnapshot(()))
-            self.metrics.slots_processing.set(float("nan"))
-            self.metrics.kv_usage.set(float("nan"))
+            self.on_snapshot(SlotsSnapshot((), model))
             return None
-        self.metrics.slots_processing.set(sum(1 for s in snap.slots if s.is_processing))
-        self.metrics.kv_usage.set(context_usage(snap))
         self.on_snapshot(snap)
         return snap
 
     def poll_metrics_once(self) -> None:
-        r = self._get("metrics", "/metrics")
-        fams: list[Metric] = []
-        if r is not None:
+        per_model: list[list[Metric]] = []
+        for model in self._targets():
+            r = self._get("metrics", self._path("/metrics", model))
+            if r is None:
+                continue
             try:
                 fams = rename_server_metrics(r.text)
+                per_model.append(with_model_label(fams, model) if model else fams)
             except Exception as e:  # malformed exposition: keep going without it
                 self.metrics.scrape_errors.labels("metrics").inc()
                 log.warning("cannot parse llama-server /metrics: %s", e)
         with self._lock:
-            self.server_families = fams
+            self.server_families = merge_families(per_model)
 
     def poll_health_once(self) -> None:
         self._get("health", "/health")
@@ -359,17 +455,21 @@ class ServerPoller:
     def poll_all_once(self, include_health: bool = True) -> None:
         if include_health:
             self.poll_health_once()
+        if self.models is not None:
+            self._discover_router()  # which models are loaded now
         if self.poll_metrics:
             self.poll_metrics_once()
-        r = None
         if time.monotonic() >= self._next_adapters:  # the global scales rarely change
-            r = self._get("lora-adapters", "/lora-adapters")
-            self._next_adapters = time.monotonic() + (LORA_ADAPTERS_INTERVAL if r is not None else 0.0)
-        if r is not None:
-            try:
-                self.on_adapters(parse_lora_adapters(r.json()))
-            except ValueError:
-                self.metrics.scrape_errors.labels("lora-adapters").inc()
+            ok = True
+            for model in self._targets():
+                r = self._get("lora-adapters", self._path("/lora-adapters", model))
+                ok = ok and r is not None
+                if r is not None:
+                    try:
+                        self.on_adapters(parse_lora_adapters(r.json(), model))
+                    except ValueError:
+                        self.metrics.scrape_errors.labels("lora-adapters").inc()
+            self._next_adapters = time.monotonic() + (LORA_ADAPTERS_INTERVAL if ok else 0.0)
         if self.poll_slots:
             self.poll_slots_once()
 
@@ -390,18 +490,20 @@ class ServerPoller:
             if woken:
                 self._wake.clear()  # always: a wake left set would spin this loop
                 until_prefill, self._until_prefill = self._until_prefill, False
+                with self._lock:
+                    models, self._woken_models = self._woken_models, set()
                 if not self.poll_slots:
                     continue
                 if until_prefill:
-                    self._poll_until_started(stop)
+                    self._poll_until_started(stop, models)
                 else:
-                    self.poll_slots_once()
+                    self.poll_slots_once(None if self.models is None else models)
 
-    def _poll_until_started(self, stop: threading.Event) -> None:
+    def _poll_until_started(self, stop: threading.Event, models: set[str]) -> None:
         # A task's reused-token count is trustworthy once its prefill has begun; poll a few
         # times, briefly, until every busy slot is past that point.
         for _ in range(40):
-            snap = self.poll_slots_once()
+            snap = self.poll_slots_once(None if self.models is None else models)
             if snap is None:
                 return
             waiting = any(

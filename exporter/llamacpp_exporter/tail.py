@@ -199,20 +199,26 @@ def _banner_at(fh: IO[bytes], offset: int) -> bool:
 
 def run_start(fh: IO[bytes], end: int, limit: int) -> int:
     """Where the server run that was being written at ``end`` began: the line of its last start
-    banner before ``end``, or, if none lies within ``limit`` bytes, the first line in them."""
+    banner before ``end``, or, if none lies within ``limit`` bytes, the first line in them. A
+    router's children print banners of their own, prefixed ``[port] ``: the run is the router's."""
     fd = fh.fileno()
     lowest = max(0, end - limit)
     hi = end
+    stop = end  # banners must lie wholly before this
     while hi > lowest:
         lo = max(lowest, hi - (1 << 20))
         chunk = os.pread(fd, hi - lo + len(_BANNER), lo)  # overlap: a banner across two chunks
-        at = chunk.rfind(_BANNER, 0, end - lo)  # wholly before end
-        if at >= 0:
-            line = chunk.rfind(b"\n", 0, at)
-            if line >= 0:
-                return lo + line + 1
-            return _line_start(fd, lo + at)
-        hi = lo
+        at = chunk.rfind(_BANNER, 0, stop - lo)
+        if at < 0:
+            hi = stop = lo
+            continue
+        line = chunk.rfind(b"\n", 0, at)
+        start = lo + line + 1 if line >= 0 else _line_start(fd, lo + at)
+        if os.pread(fd, 1, start) != b"[":
+            return start
+        stop = start  # a child's banner: look further back, within this chunk first
+        if start <= lo:
+            hi = lo
     if lowest == 0:
         return 0
     nl = os.pread(fd, min(1 << 20, end - lowest), lowest).find(b"\n")
