@@ -271,10 +271,11 @@ class Assembler:
     def _task_kind(self, s: _Slot) -> str:
         """A task that samples logs "sampler chain" (TRACE) just before its launch; one that
         does not is an embedding or rerank task (server-context.cpp launch_slot_with_task,
-        need_sampling). Only a log that has shown the line tells: below -lv 4 it is never
-        there, and every task is taken for a completion."""
+        need_sampling). Only a log that has shown the line, or said it logs at -lv 4, tells:
+        below -lv 4 it is never there, and every task is taken for a completion."""
         sampled, s.sampler_set = s.sampler_set, False
-        return "embedding" if self._sampler_lines and not sampled else "completion"
+        trace = self._sampler_lines or (self.server.verbosity or 0) >= 4
+        return "embedding" if trace and not sampled else "completion"
 
     def _on_task_launched(self, ev: p.TaskLaunched) -> None:
         s = self._slot(ev.slot)

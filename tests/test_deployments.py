@@ -1,0 +1,280 @@
+"""Deployments other than one plain chat server: a llama-server router with two models in use
+at once, and one server mixing chat, embeddings and n > 1. Recorded logs (tests/fixtures/logs:
+router-two-models from a real router run, lv4-np2-mixed-kinds from a real server with
+--embeddings) and, marked real_server, the same deployments run here and matched response by
+response against their records."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from realserver import STARTED, ExporterProcess, LlamaServer, free_port, terminate, wait_for, wait_healthy
+from support import log_lines, replay_records, samples, truths, value, wait_records
+
+from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.pipeline import Pipeline
+
+
+def _matched(rows: list[dict], recs: list, key) -> list[tuple[dict, object]]:
+    """Each response to one record with its numbers (records taken once)."""
+    left = list(recs)
+    out = []
+    for t in rows:
+        hit = next((r for r in left if key(t, r)), None)
+        assert hit is not None, f"no record for {t}"
+        left.remove(hit)
+        out.append((t, hit))
+    return out
+
+
+def _same_numbers(t: dict, r) -> bool:
+    get = r.get if isinstance(r, dict) else lambda k: getattr(r, k)
+    return (
+        get("prompt_tokens") == t["prompt_n"] + t["cache_n"]
+        and get("reused_tokens") == t["cache_n"]
+        and get("generated_tokens") == t["predicted_n"]
+    )
+
+
+# ---------------------------------------------------------------- recorded logs
+
+
+def test_router_log_gives_each_child_its_own_pipeline_and_model():
+    recs, pl = replay_records(log_lines("router-two-models.log"))
+    rows = truths("router-two-models.truth.jsonl")
+    pairs = _matched(rows, recs, lambda t, r: r.model == t["model"] and _same_numbers_router(t, r))
+    assert len(pairs) == 8
+    # each child's clock counts from its own start: no false restart, nothing cancelled
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total", {"model": "alpha"}) == 0
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total", {"model": "beta"}) == 0
+    assert not any(r.cancelled for r in recs)
+    assert {r.model for r in recs} == {"alpha", "beta"}
+    assert value(pl.registry, "llamacpp_router_model_loads_total", {"model": "alpha"}) == 1
+    assert value(pl.registry, "llamacpp_router_requests_queued_total", {"model": "beta"}) == 1
+    assert value(pl.registry, "llamacpp_router_model_exits_total", {"model": "beta", "result": "ok"}) == 1
+    # the router serves no request under its own name: no model="" request series
+    assert (
+        pl.registry.get_sample_value("llamacpp_requests_total", {"model": "", "path": "slot", "lora": "unknown"})
+        is None
+    )
+
+
+def _same_numbers_router(t: dict, r) -> bool:
+    return r.prompt_tokens == t["prompt_tokens"] and r.reused_tokens == t["cache_n"]
+
+
+def test_a_model_swapped_on_the_same_port_starts_its_own_pipeline():
+    # invented: the recorded router log, then the router spawning another model on alpha's port
+    # (a swap) whose child starts afresh; alpha's records stay alpha's
+    lines = log_lines("router-two-models.log")
+    port = next(line.split("port ")[1] for line in lines if "spawning server instance with name=alpha" in line)
+    child = [line.split("] ", 1)[1] for line in lines if line.startswith(f"[{port}] ")]
+    swap = [
+        "0.20.000.000 I srv  operator():   [    preset] gamma",
+        f"0.20.000.100 I srv          load: spawning server instance with name=gamma on port {port}",
+        *(f"[{port}] {line}" for line in child),
+    ]
+    recs, pl = replay_records(lines + swap)
+    assert sum(r.model == "gamma" for r in recs) == sum(r.model == "alpha" for r in recs) == 5
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total", {"model": "gamma"}) == 0
+
+
+def test_mixed_kinds_log_counts_embeddings_and_choices_for_what_they_are():
+    ps = Pseudonymizer("a-test-salt")
+    recs: list = []
+    pl = Pipeline(registry=__import__("prometheus_client").CollectorRegistry(), on_record=recs.append, pseudonymize=ps)
+    for line in log_lines("lv4-np2-mixed-kinds.log"):
+        pl.process_line(line, 0.0)
+    pl.flush()
+    rows = truths("lv4-np2-mixed-kinds.truth.jsonl")
+    chats = [t for t in rows if t["kind"] == "completion"]
+    embeddings = [t for t in rows if t["kind"] == "embedding"]
+    completions = [r for r in recs if r.kind == "completion"]
+    pairs = _matched(chats, completions, _same_numbers)
+    assert len(completions) == len(chats)  # a child task of n > 1 is no request of its own
+    for t, r in pairs:
+        assert r.choices == t["choices"] and not r.cancelled
+        if r.conversation_source == "header":  # named: never after another conversation
+            assert r.conversation == ps("id:" + t["conv"])
+    emb = [r for r in recs if r.kind == "embedding"]
+    assert len(emb) == sum(t["inputs"] for t in embeddings)
+    assert sum(r.prompt_tokens for r in emb) == sum(t["prompt_tokens"] for t in embeddings)
+    assert all(r.outcome is None and not r.cancelled and r.conversation_source is None for r in emb)
+    reg = pl.registry
+    assert sum(samples_of(reg, "llamacpp_requests_cancelled_total")) == 0
+    assert value(reg, "llamacpp_embedding_tasks_total") == len(emb)
+    assert value(reg, "llamacpp_request_choices_total") == sum(t["choices"] for t in chats)
+    named = sum(r.conversation_source == "header" for _, r in pairs)
+    print(f"mixed kinds: {named} of {sum(t['conv'] is not None for t in chats)} chats with an id named, 0 wrong")
+
+
+def samples_of(reg, name: str) -> list[float]:
+    return [s.value for m in reg.collect() for s in m.samples if s.name == name]
+
+
+# ---------------------------------------------------------------- real servers
+
+
+def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list, lock: threading.Lock) -> None:
+    msgs = [{"role": "system", "content": f"You are assistant {conv}; answer briefly about {conv}."}]
+    with httpx.Client(base_url=url, headers={"X-Conversation-Id": conv}, timeout=300) as c:
+        for turn in range(turns):
+            msgs.append({"role": "user", "content": f"Turn {turn} of {conv}: say something about {turn * 13 + 7}."})
+            body: dict = {"messages": msgs, "max_tokens": 6, "cache_prompt": True}
+            if model:
+                body["model"] = model
+            r = c.post("/v1/chat/completions", json=body)
+            r.raise_for_status()
+            res = r.json()
+            msgs.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+            tm = res["timings"]
+            with lock:
+                out.append(
+                    {"model": model, "conv": conv, "prompt_n": tm["prompt_n"], "cache_n": tm["cache_n"],
+                     "predicted_n": tm["predicted_n"], "choices": len(res["choices"]), "kind": "completion"}
+                )  # fmt: skip
+
+
+def _loaded(url: str) -> set[str]:
+    data = httpx.get(url + "/models", timeout=10).json()["data"]
+    return {m["id"] for m in data if m.get("status", {}).get("value") == "loaded"}
+
+
+@pytest.mark.real_server
+def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(parts, tmp_path):
+    binary, model, _ = parts
+    preset = tmp_path / "presets.ini"
+    preset.write_text(
+        "version = 1\n[*]\nc = 4096\nnp = 1\nthreads = 1\nlv = 4\ncache-ram = 256\nmetrics = true\n\n"
+        f"[alpha]\nmodel = {model}\n\n[beta]\nmodel = {model}\n"
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "router.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [str(binary), "--models-preset", str(preset), "--host", "127.0.0.1", "--port", str(port)]
+            + ["--log-colors", "off", "-lv", "4"],
+            stdout=out,
+            stderr=out,
+            stdin=subprocess.DEVNULL,
+        )
+    STARTED.append(proc)
+    events = tmp_path / "events.jsonl"
+    exp = None
+    try:
+        wait_healthy(proc, url + "/health", 60, f"llama-server router (log {log})")
+        exp = ExporterProcess(
+            ["--llama.url", url, "--llama.log-path", str(log), "--llama.log-from-start"]
+            + ["--events.path", str(events), "--llama.poll-interval", "0.5"],
+            tmp_path / "exporter",
+        ).start()
+        # both models loaded first (the router drops a request whose model is still starting)
+        for name in ("alpha", "beta"):
+            httpx.post(url + "/models/load", json={"model": name}, timeout=30)
+        wait_for(lambda: _loaded(url) >= {"alpha", "beta"}, "both models loaded by the router", timeout=120)
+        rows: list[dict] = []
+        lock = threading.Lock()
+        threads = [
+            threading.Thread(target=_chat_turns, args=(url, name, f"conv-{name}", 4, rows, lock))
+            for name in ("alpha", "beta")
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        recs = wait_records(events, len(rows), timeout=60)
+        pairs = _matched(rows, recs, lambda t, r: r["model"] == t["model"] and _same_numbers(t, r))
+        text = exp.metrics_text()
+    finally:
+        if exp is not None:
+            exp.stop()
+        terminate(proc)
+    print(f"router: {len(pairs)} of {len(rows)} responses matched to their model's record")
+    assert len(pairs) == 8
+    assert not any(r["cancelled"] for r in recs)
+    # /slots polled per loaded model: the LoRA of every request is known (none)
+    assert all(r["lora"] == "none" for _, r in pairs), [r["lora"] for _, r in pairs]
+    restarts = samples(text, "llamacpp_exporter_server_restarts_total")
+    assert restarts and not any(restarts.values()), restarts
+    loads = samples(text, "llamacpp_router_model_loads_total")
+    assert loads == {(("model", "alpha"),): 1.0, (("model", "beta"),): 1.0}
+    # llama-server's own /metrics of each model, re-exported with its model
+    server = samples(text, "llamacpp_server_prompt_tokens_total")
+    assert {dict(k).get("model") for k in server} == {"alpha", "beta"}, server
+
+
+@pytest.mark.real_server
+def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path):
+    binary, model, lora = parts
+    srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--embeddings", "--pooling", "mean"])
+    srv.start()
+    exp = None
+    try:
+        exp = ExporterProcess(
+            ["--llama.url", srv.url, "--llama.log-path", str(srv.log_path), "--llama.log-from-start"]
+            + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
+            tmp_path / "exporter",
+        ).start()
+        rows: list[dict] = []
+        lock = threading.Lock()
+        inputs = [0, 0]
+
+        def embed() -> None:
+            with httpx.Client(base_url=srv.url, timeout=300) as c:
+                for i in range(4):
+                    docs = [f"document {i}-{j} about retrieval and embeddings" for j in range(3)]
+                    r = c.post("/v1/embeddings", json={"input": docs})
+                    r.raise_for_status()
+                    with lock:
+                        inputs[0] += len(docs)
+                        inputs[1] += r.json()["usage"]["prompt_tokens"]
+
+        def n_choices() -> None:
+            with httpx.Client(base_url=srv.url, timeout=300) as c:
+                body = {"messages": [{"role": "user", "content": "Two greetings, please."}], "max_tokens": 5, "n": 2}
+                res = c.post("/v1/chat/completions", json=body).json()
+                tm = res["timings"]
+                with lock:
+                    rows.append(
+                        {"conv": None, "prompt_n": tm["prompt_n"], "cache_n": tm["cache_n"],
+                         "predicted_n": tm["predicted_n"], "choices": len(res["choices"])}
+                    )  # fmt: skip
+
+        threads = [threading.Thread(target=_chat_turns, args=(srv.url, None, c, 4, rows, lock)) for c in ("ca", "cb")]
+        threads += [threading.Thread(target=embed), threading.Thread(target=n_choices)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        events = tmp_path / "events.jsonl"
+        recs = wait_records(events, len(rows) + inputs[0], timeout=60)
+        text = exp.metrics_text()
+    finally:
+        if exp is not None:
+            exp.stop()
+        srv.stop()
+    completions = [r for r in recs if r["kind"] == "completion"]
+    pairs = _matched(rows, completions, _same_numbers)
+    assert len(completions) == len(rows)
+    assert all(r["choices"] == t["choices"] and not r["cancelled"] for t, r in pairs)
+    emb = [r for r in recs if r["kind"] == "embedding"]
+    assert len(emb) == inputs[0] and sum(r["prompt_tokens"] for r in emb) == inputs[1]
+    assert sum(samples(text, "llamacpp_requests_cancelled_total").values()) == 0
+    assert samples(text, "llamacpp_embedding_tasks_total")[()] == inputs[0]
+    # conversations named are right: one conversation per client id, never shared
+    named: dict[str, set[str]] = {}
+    for t, r in pairs:
+        if r["conversation_source"] == "header":
+            named.setdefault(r["conversation"], set()).add(t["conv"])
+    assert all(len(v) == 1 for v in named.values()), named
+    print(
+        f"mixed: {len(pairs)} completions and {len(emb)} embedding tasks matched; "
+        f"{sum(r['conversation_source'] == 'header' for _, r in pairs)} of 8 chats named, 0 wrong"
+    )
+    Path(tmp_path / "summary.json").write_text(json.dumps({"named": len(named)}))
