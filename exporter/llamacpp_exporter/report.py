@@ -151,6 +151,10 @@ def build(
 ) -> dict[str, Any]:
     """The whole report from the records (and, when the log was read, the pipeline's
     conversation costs)."""
+    # embedding and rerank tasks are no completion requests: counted apart, as the exporter does
+    embedding_tasks = sum(1 for r in records if r.get("kind", "completion") != "completion")
+    records = [r for r in records if r.get("kind", "completion") == "completion"]
+    models = sorted({r.get("model") or "" for r in records})
     # the live exporter's rules, so that analyze and the exporter count alike: a request without
     # a timings block is cancelled; tokens count where both prompt and reused are known
     finished = [r for r in records if not (r.get("cancelled") and r.get("generated_tokens") is None)]
@@ -253,6 +257,10 @@ def build(
             "reuse": rate(sum(r["reused_tokens"] for r in known), sum(r["prompt_tokens"] for r in known)),
             "by_lora": {lo: sum(1 for r in records if r.get("lora") == lo) for lo in LORA_STATES},
             "by_path": {p: sum(1 for r in records if r.get("path") == p) for p in PATHS},
+            "embedding_tasks": embedding_tasks,
+            "by_model": {m: sum(1 for r in records if (r.get("model") or "") == m) for m in models}
+            if models != [""]
+            else {},
         },
         "unknown": unknowns,
         "miss_rate": _miss_table(records),
@@ -325,6 +333,16 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
                     f"{rq['total']} ({rq['finished']} + {rq['cancelled_or_failed']})",
                 ],
                 ["server runs in the log", str(rq["server_runs"])],
+                *(
+                    [["by model (a router's)", ", ".join(f"{m or '-'} {n}" for m, n in rq["by_model"].items())]]
+                    if rq.get("by_model")
+                    else []
+                ),
+                *(
+                    [["embedding tasks (apart: no cache use)", str(rq["embedding_tasks"])]]
+                    if rq.get("embedding_tasks")
+                    else []
+                ),
                 ["prompt tokens", f"{rq['prompt_tokens']} (known for {rq['tokens_known_for']} requests)"],
                 ["reused tokens", str(rq["reused_tokens"])],
                 ["reused share of prompt tokens", fmt_rate(rq["reuse"])],
