@@ -11,6 +11,7 @@ dashboard serves one server or fifty.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,16 @@ def variables() -> dict[str, Any]:
             },
             query_var("job", "Job", "label_values(llamacpp_up, job)"),
             query_var("instance", "Instance", 'label_values(llamacpp_up{job=~"$job"}, instance)'),
+            # a router's models; none for a plain server, whose series have no model: All (.*)
+            # matches them
+            {
+                **query_var(
+                    "model",
+                    "Model",
+                    'label_values(llamacpp_requests_total{job=~"$job", instance=~"$instance"}, model)',
+                ),
+                "allValue": ".*",
+            },
         ]
     }
 
@@ -107,7 +118,38 @@ class Layout:
         return self.next_id - 1
 
 
+# Series of the exporter and the poller as a whole carry no model; every other llamacpp_
+# series does (a router's child's model, "" for a plain server, which Prometheus stores as no
+# label: the "All" value .* matches it).
+_NO_MODEL = (
+    "llamacpp_up",
+    "llamacpp_loading",
+    "llamacpp_slots_",
+    "llamacpp_conversation_",
+    "llamacpp_exporter_log_lines_total",
+    "llamacpp_exporter_scrape_",
+    "llamacpp_exporter_last_",
+    "llamacpp_exporter_ready",
+    "llamacpp_exporter_build_info",
+    "llamacpp_exporter_events_",
+    "llamacpp_exporter_answers_",
+    "llamacpp_exporter_internal_",
+    "llamacpp_exporter_log_r",
+    "llamacpp_exporter_log_t",
+    "llamacpp_exporter_log_command",
+)
+_SELECTOR = re.compile(r"\b(llamacpp_[a-z0-9_]+)\{" + re.escape(S))
+
+
+def with_model(expr: str) -> str:
+    """The $model variable on every series that carries a model."""
+    return _SELECTOR.sub(
+        lambda m: m.group(0) if m.group(1).startswith(_NO_MODEL) else m.group(0) + ', model=~"$model"', expr
+    )
+
+
 def target(expr: str, legend: str, ref: str, exemplar: bool = False, instant: bool = False) -> dict[str, Any]:
+    expr = with_model(expr)
     t = {"datasource": DS, "expr": expr, "legendFormat": legend, "refId": ref, "exemplar": exemplar}
     if instant:
         t["instant"] = True
@@ -479,6 +521,24 @@ def overview() -> dict[str, Any]:
                 (f"sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}]))", "cancelled"),
             ],
             overrides=[color("cancelled", "red")],
+        ),
+        6,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Requests by model",
+            "Completed requests and embedding tasks per second by model (a llama-server router's models; one "
+            "unnamed series for a plain server), and requests that waited for their model to load.",
+            "reqps",
+            [
+                (f"sum by (model) (rate(llamacpp_requests_total{{{S}}}[{RI}]))", "{{model}} requests"),
+                (f"sum by (model) (rate(llamacpp_embedding_tasks_total{{{S}}}[{RI}]))", "{{model}} embedding tasks"),
+                (
+                    f"sum by (model) (rate(llamacpp_router_requests_queued_total{{{S}}}[{RI}]))",
+                    "{{model}} waited for its load",
+                ),
+            ],
         ),
         6,
         8,
@@ -951,7 +1011,7 @@ def contention() -> dict[str, Any]:
             "enable": True,
             "hide": False,
             "iconColor": "orange",
-            "expr": large,
+            "expr": with_model(large),
             "step": w_marks,
             "titleFormat": "Large prefill",
             "textFormat": f"{{{{instance}}}}: {{{{value}}}} prefill(s) above {LARGE_PREFILL_TOKENS} tokens",

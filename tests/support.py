@@ -112,7 +112,8 @@ def exported_metric_names() -> set[str]:
     from llamacpp_exporter.tail import SourceStats
 
     reg = CollectorRegistry()  # what the exporter registers: the pipeline's, the poller's, the source's
-    Pipeline(reg, events_path="unused.jsonl")  # the events file is opened at the first record only
+    pl = Pipeline(reg, events_path="unused.jsonl")  # the events file is opened at the first record only
+    pl.router.mode = True  # a router's own families too
     PollerMetrics(reg)
     SourceStats(reg)
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}

@@ -125,7 +125,7 @@ def test_dashboards_only_use_exported_metrics():
 # Keys Grafana itself writes into dashboards that the foundation SDK's schema models omit.
 SCHEMA_EXTRAS = (
     {".id", ".annotations.list[0].builtIn"}
-    | {f".templating.list[{i}].definition" for i in range(3)}
+    | {f".templating.list[{i}].definition" for i in range(4)}
     # Prometheus annotation queries: fields of the datasource's query, not of the dashboard schema
     | {f".annotations.list[1].{k}" for k in ("expr", "step", "titleFormat", "textFormat", "useValueForTime")}
 )
