@@ -188,6 +188,13 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
             t.start()
         for t in threads:
             t.join()
+        # beta unloaded and loaded again (a new child process): alpha's pipeline goes on untouched
+        httpx.post(url + "/models/unload", json={"model": "beta"}, timeout=30)
+        wait_for(lambda: "beta" not in _loaded(url), "beta unloaded", timeout=60)
+        httpx.post(url + "/models/load", json={"model": "beta"}, timeout=30)
+        wait_for(lambda: "beta" in _loaded(url), "beta loaded again", timeout=120)
+        for name in ("alpha", "beta"):
+            _chat_turns(url, name, f"again-{name}", 2, rows, lock)
         recs = wait_records(events, len(rows), timeout=60)
         pairs = _matched(rows, recs, lambda t, r: r["model"] == t["model"] and _same_numbers(t, r))
         text = exp.metrics_text()
@@ -196,14 +203,16 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
             exp.stop()
         terminate(proc)
     print(f"router: {len(pairs)} of {len(rows)} responses matched to their model's record")
-    assert len(pairs) == 8
+    assert len(pairs) == 12
     assert not any(r["cancelled"] for r in recs)
     # /slots polled per loaded model: the LoRA of every request is known (none)
     assert all(r["lora"] == "none" for _, r in pairs), [r["lora"] for _, r in pairs]
     restarts = samples(text, "llamacpp_exporter_server_restarts_total")
     assert restarts and not any(restarts.values()), restarts
     loads = samples(text, "llamacpp_router_model_loads_total")
-    assert loads == {(("model", "alpha"),): 1.0, (("model", "beta"),): 1.0}
+    assert loads == {(("model", "alpha"),): 1.0, (("model", "beta"),): 2.0}
+    exits = samples(text, "llamacpp_router_model_exits_total")
+    assert exits[(("model", "beta"), ("result", "ok"))] == 1 and exits[(("model", "alpha"), ("result", "ok"))] == 0
     # llama-server's own /metrics of each model, re-exported with its model
     server = samples(text, "llamacpp_server_prompt_tokens_total")
     assert {dict(k).get("model") for k in server} == {"alpha", "beta"}, server
@@ -246,8 +255,21 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path):
                          "predicted_n": tm["predicted_n"], "choices": len(res["choices"])}
                     )  # fmt: skip
 
+        def multi_prompt() -> None:
+            # one /completion request with two prompts: two tasks, each result with its own timings
+            with httpx.Client(base_url=srv.url, timeout=300) as c:
+                body = {"prompt": ["The first prompt of two is", "And the second prompt says"], "n_predict": 4}
+                res = c.post("/completion", json=body).json()
+                with lock:
+                    for one in res:
+                        tm = one["timings"]
+                        rows.append(
+                            {"conv": None, "prompt_n": tm["prompt_n"], "cache_n": tm["cache_n"],
+                             "predicted_n": tm["predicted_n"], "choices": 1}
+                        )  # fmt: skip
+
         threads = [threading.Thread(target=_chat_turns, args=(srv.url, None, c, 4, rows, lock)) for c in ("ca", "cb")]
-        threads += [threading.Thread(target=embed), threading.Thread(target=n_choices)]
+        threads += [threading.Thread(target=f) for f in (embed, n_choices, multi_prompt)]
         for t in threads:
             t.start()
         for t in threads:

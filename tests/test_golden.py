@@ -37,7 +37,14 @@ def check_golden(name: str, text: str, update: bool) -> None:
     assert text == path.read_text(), f"exposition differs from {path}; run pytest --update-golden and review the diff"
 
 
-LOG_NAMES = ["lv4-np1-seed-scenario", "lv4-np2-text", "lv4-np2-jsonl", "lv3-np2-text", "router-two-models"]
+LOG_NAMES = [
+    "lv4-np1-seed-scenario",
+    "lv4-np2-text",
+    "lv4-np2-jsonl",
+    "lv3-np2-text",
+    "router-two-models",
+    "lv4-np2-mixed-kinds",
+]
 
 
 @pytest.mark.parametrize("log", LOG_NAMES)
