@@ -242,9 +242,12 @@ def _as_proof(obj: Any) -> tuple[tuple, tuple[str, str]] | None:
         return None
     key = (obj.get("slot"), obj.get("task"), obj.get("start_us"))
     conv, source = obj.get("conversation"), obj.get("conversation_source")
+    model = obj.get("model", "")
     if not all(isinstance(v, int) for v in key) or not isinstance(conv, str) or source not in ("header", "lineage"):
         return None
-    return key, (conv, source)
+    if not isinstance(model, str):
+        return None
+    return (model, *key), (conv, source)
 
 
 def apply_proofs(records: list[dict[str, Any]], proofs: dict[tuple, tuple[str, str]]) -> None:
@@ -288,8 +291,9 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
 
 
 def _key(r: dict[str, Any]) -> tuple[Any, ...]:
-    # the same task of the same server run: slot, task id and its start in server log time
-    return (r.get("slot"), r.get("task"), r.get("start_us"))
+    # the same task of the same server run (of the same model, behind a router): slot, task id
+    # and its start in server log time
+    return (r.get("model") or "", r.get("slot"), r.get("task"), r.get("start_us"))
 
 
 def analyze(

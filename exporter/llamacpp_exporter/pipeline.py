@@ -77,6 +77,7 @@ class EventsFile:
         self._append(
             {
                 "proof": "conversation",
+                "model": rec.model,
                 "epoch": rec.epoch,
                 "slot": rec.slot,
                 "task": rec.task,
