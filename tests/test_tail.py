@@ -91,6 +91,21 @@ def test_run_start_finds_the_banner_across_chunks_and_at_the_file_start(tmp_path
         assert run_start(fh, 20, 64 << 20) == 0
 
 
+def test_run_start_of_a_router_is_the_routers_banner_not_a_childs(tmp_path):
+    # the recorded router log: its own banner first, then each child's, prefixed [port]
+    src = LOGS / "router-two-models.log"
+    f = tmp_path / "router.log"
+    data = src.read_bytes()
+    f.write_bytes(data)
+    with open(f, "rb") as fh:
+        assert run_start(fh, len(data), 64 << 20) == 0
+    # a chunk boundary between the router's banner and the children's (a tiny search step)
+    padded = data + b"[37851] 9.00.000.000 I srv  llama_server: initializing ...\n" * 3
+    f.write_bytes(b"y" * 2_000_000 + b"\n" + padded)
+    with open(f, "rb") as fh:
+        assert run_start(fh, f.stat().st_size, 64 << 20) == 2_000_001
+
+
 def test_partial_last_line_waits_for_its_newline(tmp_path):
     f = tmp_path / "s.log"
     f.write_text("")
