@@ -288,13 +288,12 @@ class Pipeline:
 
     def _router_line(self, ev: parse.Event) -> None:
         r, names = self.router, self.names
-        if isinstance(ev, parse.RouterStarted):
-            if not self.router.mode:
-                self.router.mode = True
-                self.requests.forget_model("")  # the router serves no request under its own name
-                self.metrics.forget_model("")
-                log.info("llama-server runs in router mode: one pipeline per model instance")
-        elif isinstance(ev, parse.ModelAvailable):
+        if not r.mode:  # any of the router's own lines says it is one
+            r.mode = True
+            self.requests.forget_model("")  # the router serves no request under its own name
+            self.metrics.forget_model("")
+            log.info("llama-server runs in router mode: one pipeline per model instance")
+        if isinstance(ev, parse.ModelAvailable):
             names.available(ev.name)
         elif isinstance(ev, parse.ChildSpawned):
             if ev.port in self.children:
