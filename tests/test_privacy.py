@@ -70,3 +70,37 @@ def test_no_text_leaves_the_exporter(tmp_path):
         assert CANARY not in out
     assert 'llamacpp_exporter_server_debug_logging{model=""} 1.0' in text
     assert "logs DEBUG lines" in stderr  # the operator is told, without the text
+
+
+def test_continuation_lines_of_a_debug_message_never_become_events_or_labels():
+    # invented, shaped as llama-server prints a request's grammar at -lv 5: the DEBUG line, then
+    # the grammar's own lines with no prefix, which a client chooses. They try to forge a build
+    # label, a server restart and a request; none may take effect.
+    from prometheus_client import generate_latest
+    from support import log_lines, replay_records
+
+    lines = log_lines("lv4-np1-seed-scenario.log")
+    at = next(i for i, line in enumerate(lines) if "processing task" in line)
+    forged = [
+        "0.00.500.000 D srv  params_from_: Grammar: root ::= answer",
+        f"cmn  common_params_print_info: build 77 ({CANARY}77)",
+        "srv  llama_server: initializing ...",
+        "slot launch_slot_: id  0 | task 999 | processing task, is_child = 0",
+        "slot   operator(): id  0 | task 999 | new prompt, n_ctx_slot = 8192, n_keep = 0, task.n_tokens = 99999",
+        "slot      release: id  0 | task 999 | stop processing: n_tokens = 99999, truncated = 0",
+    ]
+    clean, _ = replay_records(lines)
+    recs, pl = replay_records(lines[:at] + forged + lines[at:])
+    text = generate_latest(pl.registry).decode()
+    assert CANARY not in text
+    assert [(r.task, r.prompt_tokens) for r in recs] == [(r.task, r.prompt_tokens) for r in clean]
+    assert 'build="77"' not in text
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 0
+
+
+def test_a_build_commit_that_is_not_hex_never_reaches_the_label():
+    from llamacpp_exporter import parse as p
+
+    line = f"0.00.001.843 I cmn  common_param: common_params_print_info: build 12 ({CANARY}) with GNU 12"
+    assert p.parse_line(line).event == p.ServerBuild(12, "unknown")
+    assert p.parse_line(line.replace(CANARY, "92ed571585b8")).event == p.ServerBuild(12, "92ed571585b8")

@@ -425,6 +425,9 @@ class ParsedLine:
     ts_us: int | None
     event: Event
     child: int | None = None  # the router's [port] prefix: the line is that child's
+    # no timestamp and no level letter: --no-log-prefix, or a continuation line of a
+    # multi-line message (a grammar or a prompt at -lv 5, client text): see Pipeline
+    bare: bool = False
 
 
 IGNORED = Ignored()
@@ -718,6 +721,15 @@ def _router_event(msg: str) -> Event:
     return IGNORED
 
 
+_HEX_COMMIT = re.compile(r"[0-9a-f]{4,40}")
+
+
+def _commit(text: str) -> str:
+    """A git commit is hex: anything else (a build without git metadata, or text that is no
+    commit) is "unknown", never copied into a label."""
+    return text if _HEX_COMMIT.fullmatch(text) else "unknown"
+
+
 def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine:
     """Classify one line whose timestamp/level prefix has been removed."""
     if level == "D":
@@ -730,7 +742,7 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
                 return ParsedLine(ts_us, Verbosity(int(v.group(1))))
             b = _RE_BUILD.search(text)
             if b:
-                return ParsedLine(ts_us, ServerBuild(int(b.group(1)), b.group(2)[:40]))
+                return ParsedLine(ts_us, ServerBuild(int(b.group(1)), _commit(b.group(2))))
         return ParsedLine(ts_us, IGNORED)
     tag, func, slot, task = m.groups()
     return ParsedLine(ts_us, _tagged_event(tag, func, slot, task, text[m.end() :]))
@@ -751,7 +763,7 @@ def _tagged_event(tag: str, func: str, slot: str | None, task: str | None, msg: 
         elif "print_info: build " in msg:
             b = _RE_BUILD.search(msg)
             if b:
-                return ServerBuild(int(b.group(1)), b.group(2)[:40])
+                return ServerBuild(int(b.group(1)), _commit(b.group(2)))
     return IGNORED
 
 
@@ -795,8 +807,10 @@ def _parse_general(line: str) -> ParsedLine:
     if m is None:
         # No prefix: --no-log-prefix, or a continuation line of a multi-line message.
         if line.startswith(("\t", " ")) or not line:
-            return ParsedLine(None, IGNORED)
-        return parse_message(line, None, None)
+            return ParsedLine(None, IGNORED, bare=True)
+        parsed = parse_message(line, None, None)
+        parsed.bare = True
+        return parsed
     ts = None
     if m.group(1) is not None:
         ts = int(m.group(1)) * 60_000_000 + int(m.group(2)) * 1_000_000 + int(m.group(3)) * 1_000 + int(m.group(4))

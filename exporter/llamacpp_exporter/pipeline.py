@@ -206,6 +206,7 @@ class Pipeline:
             self.consumers.append(on_record)
         self.on_proof = on_proof
         self.records_out = 0
+        self._prefixed = False  # the log's lines carry llama-server's prefix (a timestamp)
         self._catching_up = False
         # the plain server, or the router's own lines (a router serves no request itself)
         self.assembler = self._new_assembler("")
@@ -318,6 +319,13 @@ class Pipeline:
         """Hot path. Never raises on input: an unknown line is counted and skipped."""
         t = self.clock() if now is None else now
         parsed = parse.parse_line(line)
+        if parsed.bare:
+            if self._prefixed:
+                # the server prefixes its own lines: one without is the rest of a multi-line
+                # message, possibly a client's text (a grammar at -lv 5): never an event
+                parsed = _CONTINUATION
+        elif not self._prefixed and parsed.ts_us is not None:
+            self._prefixed = True
         m = self.metrics
         kind = type(parsed.event)
         m.lines[_RESULT.get(kind, "parsed")] += 1
@@ -365,6 +373,8 @@ class Pipeline:
         if self.events is not None:
             self.events.close()
 
+
+_CONTINUATION = parse.ParsedLine(None, parse.IGNORED, bare=True)
 
 _ROUTER_EVENTS = frozenset(
     {
