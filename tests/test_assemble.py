@@ -277,6 +277,21 @@ def test_equal_length_cache_entries_do_not_break_lineage():
     assert {r.conversation_source for r in long} == {"lineage"}
 
 
+def test_a_stray_line_with_a_later_timestamp_is_not_a_restart():
+    """Invented from a recorded log: a late line of the server (an ignored one) appears in the
+    middle, far ahead of its neighbours; then time is back where it was. That line was the
+    stray: no new epoch, no request cancelled, the same records as without it."""
+    lines = log_lines("lv4-np2-text.log")
+    clean, _ = replay_records(lines)
+    late = next(ln for ln in reversed(lines) if "total time" in ln)  # from the log's end
+    stray = lines[: len(lines) // 2] + [late] + lines[len(lines) // 2 :]
+    recs, pl = replay_records(stray)
+    assert value(pl.registry, "llamacpp_exporter_server_restarts_total") == 0
+    assert value(pl.registry, "llamacpp_exporter_log_lines_out_of_order_total") == 1
+    key = lambda r: (r.epoch, r.task, r.cancelled, r.prompt_tokens, r.reused_tokens, r.prefill_seconds)  # noqa: E731
+    assert sorted(map(key, recs)) == sorted(map(key, clean))
+
+
 def test_a_stray_line_with_an_earlier_timestamp_is_not_a_restart():
     """Invented from a recorded log: one early line repeated in the middle (another writer, a
     replayed line). Time goes back for one line only: no new epoch, no request cancelled,

@@ -146,6 +146,12 @@ class Assembler:
     def feed(self, line: p.ParsedLine, now_us: int) -> None:
         clock, ts = self.clock, line.ts_us
         if clock.went_back(ts):
+            assert ts is not None
+            if not isinstance(line.event, p.ServerStarting) and clock.after_stray_ahead(ts):
+                clock.forget_stray(ts)  # the line before was the stray: it counted at its time
+                self.sink.out_of_order_lines(1)
+                self._feed(line, now_us, checked=True)
+                return
             if not clock.hold(line, now_us):
                 return
             held = clock.take_held()
