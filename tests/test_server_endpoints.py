@@ -237,6 +237,31 @@ def test_poller_garbage_and_errors_are_counted_not_raised():
 
 
 @pytest.mark.integration
+def test_a_slots_answer_nested_too_deep_is_counted_and_polling_goes_on():
+    class Deep(FakeBehaviour):
+        slots_body = b"[" * 100_000 + b"]" * 100_000  # a parser's recursion limit, not a ValueError
+
+    srv, url = serve(Deep)
+    try:
+        poller, reg, got = poller_for(url)
+        stop = threading.Event()
+        t = threading.Thread(target=poller.run, args=(stop,), daemon=True)
+        t.start()
+        for _ in range(3):  # woken polls, as at every task launch
+            poller.request_slots_poll()
+            time.sleep(0.2)
+        wait_for(
+            lambda: (reg.get_sample_value("llamacpp_exporter_scrape_errors_total", {"endpoint": "slots"}) or 0) >= 3,
+            "deep /slots answers counted",
+        )
+        assert t.is_alive(), "the poller thread died"
+        stop.set()
+        t.join(5)
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.integration
 def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
     class B(FakeBehaviour):
         delay = 60.0

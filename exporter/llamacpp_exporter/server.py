@@ -320,7 +320,7 @@ class ServerPoller:
             return
         try:
             models = loaded_models(r.json())
-        except ValueError:
+        except (ValueError, RecursionError):
             models = None
         if models is not None and self.models is None:
             log.info("llama-server is a router: polling /slots and /metrics of each loaded model")
@@ -414,7 +414,7 @@ class ServerPoller:
         if r is not None:
             try:
                 snap = parse_slots(r.json(), model)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:
                 self.metrics.scrape_errors.labels("slots").inc()
                 log.warning("unexpected /slots answer: %s", e)
         if snap is None:
@@ -467,7 +467,7 @@ class ServerPoller:
                 if r is not None:
                     try:
                         self.on_adapters(parse_lora_adapters(r.json(), model))
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         self.metrics.scrape_errors.labels("lora-adapters").inc()
             self._next_adapters = time.monotonic() + (LORA_ADAPTERS_INTERVAL if ok else 0.0)
         if self.poll_slots:
@@ -494,10 +494,14 @@ class ServerPoller:
                     models, self._woken_models = self._woken_models, set()
                 if not self.poll_slots:
                     continue
-                if until_prefill:
-                    self._poll_until_started(stop, models)
-                else:
-                    self.poll_slots_once(None if self.models is None else models)
+                try:
+                    if until_prefill:
+                        self._poll_until_started(stop, models)
+                    else:
+                        self.poll_slots_once(None if self.models is None else models)
+                except Exception:  # counted, and the next wake or full poll tries again
+                    log.exception("polling llama-server's /slots failed")
+                    self.metrics.scrape_errors.labels("slots").inc()
 
     def _poll_until_started(self, stop: threading.Event, models: set[str]) -> None:
         # A task's reused-token count is trustworthy once its prefill has begun; poll a few
