@@ -156,3 +156,66 @@ def test_config_check_rejects_a_bad_web_config(tmp_path):
         text=True,
     )
     assert res.returncode != 0 and "not a bcrypt hash" in res.stderr and "Traceback" not in res.stderr
+
+
+def _basic(user: str, password: str) -> str:
+    import base64
+
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path):
+    # timing would otherwise tell which user names exist
+    f = tmp_path / "web.yml"
+    f.write_text(
+        yaml.safe_dump({"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(10)).decode()}})
+    )
+    web = load_web_config(str(f))
+
+    def took(header: str) -> float:
+        t0 = time.perf_counter()
+        assert not web.authorized(header)
+        return time.perf_counter() - t0
+
+    wrong = min(took(_basic("prometheus", "nope")) for _ in range(3))
+    unknown = min(took(_basic("nobody", "nope")) for _ in range(3))
+    print(f"wrong password {wrong * 1000:.1f} ms, unknown user {unknown * 1000:.1f} ms")
+    assert unknown > wrong / 3, (unknown, wrong)
+    assert web.authorized(_basic("prometheus", "pw"))
+
+
+def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path):
+    import threading
+
+    from llamacpp_exporter import web as webmod
+
+    f = tmp_path / "web.yml"
+    f.write_text(
+        yaml.safe_dump({"basic_auth_users": {"prometheus": bcrypt.hashpw(b"pw", bcrypt.gensalt(10)).decode()}})
+    )
+    web = load_web_config(str(f))
+    running, most = 0, 0
+    lock = threading.Lock()
+    real = bcrypt.checkpw
+
+    def counting(pw, hashed):
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            return real(pw, hashed)
+        finally:
+            with lock:
+                running -= 1
+
+    bcrypt.checkpw = counting
+    try:
+        threads = [threading.Thread(target=web.authorized, args=(_basic("prometheus", f"x{i}"),)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        bcrypt.checkpw = real
+    assert 1 <= most <= webmod.BCRYPT_CONCURRENCY

@@ -37,6 +37,8 @@ _CLIENT_AUTH = {
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
+BCRYPT_CONCURRENCY = 2
+BCRYPT_WAIT_SECONDS = 2.0
 _VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
 
 
@@ -46,6 +48,11 @@ class WebSecurity:
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     _verified: set[bytes] = field(default_factory=set)  # digests of accepted credentials
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # an unknown user costs the same bcrypt check as a known one (as exporter-toolkit does): the
+    # answer's time does not tell which user names exist
+    dummy_hash: bytes | None = None
+    # bcrypt checks at once: a flood of wrong passwords takes at most these cores
+    _checks: threading.BoundedSemaphore = field(default_factory=lambda: threading.BoundedSemaphore(BCRYPT_CONCURRENCY))
 
     def authorized(self, header: str | None) -> bool:
         """Basic auth against the bcrypt hashes. bcrypt is slow on purpose; as the toolkit
@@ -59,19 +66,24 @@ class WebSecurity:
             user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
+        known = self.users.get(user)
+        hashed = known if known is not None else self.dummy_hash
         if hashed is None:
             return False
         digest = hashlib.sha256(hashed + b"\0" + password.encode()).digest()
         with self._lock:
-            if digest in self._verified:
+            if known is not None and digest in self._verified:
                 return True
         import bcrypt  # only needed, and only imported, when basic_auth_users is configured
 
+        if not self._checks.acquire(timeout=BCRYPT_WAIT_SECONDS):
+            return False  # too many checks at once: refused, the client may retry
         try:
-            ok = bcrypt.checkpw(password.encode(), hashed)
+            ok = bcrypt.checkpw(password.encode(), hashed) and known is not None
         except ValueError:
             return False
+        finally:
+            self._checks.release()
         if ok:
             with self._lock:
                 if len(self._verified) > 64:
@@ -108,6 +120,11 @@ def load_web_config(path: str) -> WebSecurity:
         except ImportError as e:  # pragma: no cover - bcrypt is a dependency
             raise ConfigError("basic_auth_users needs the bcrypt package") from e
     cfg.users = {u: h.encode() for u, h in users.items()}
+    if cfg.users:
+        import bcrypt
+
+        cost = max(int(h.split("$")[2]) if h.count("$") >= 3 and h.split("$")[2].isdigit() else 10 for h in users.values())
+        cfg.dummy_hash = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=min(max(cost, 4), 16)))
     return cfg
 
 
