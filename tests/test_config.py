@@ -166,3 +166,16 @@ def test_a_binary_config_file_is_a_clear_error(tmp_path):
     f.write_bytes(bytes(range(256)) * 4)
     res = cli("--config.check", "--config.file", str(f))
     assert res.returncode == 1 and "configuration error" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "url", ["user:Pw0rd@127.0.0.1:8080", "http://user:Pw0rd@127.0.0.1:notaport", "ftp://u:Pw0rd@h"]
+)
+def test_config_check_never_prints_a_password_from_the_url(url):
+    res = subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", "--config.check", "--llama.url", url],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode != 0 and "Pw0rd" not in res.stdout + res.stderr, res.stderr

@@ -288,7 +288,10 @@ def read_salt(cfg: ConversationsConfig) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """The URL as it may be logged: a password in it (http://user:pw@host) is replaced."""
+    """The URL as it may be logged: a password in it (http://user:pw@host) is replaced, also in
+    a URL without its scheme (user:pw@host: no URL parser sees a password there)."""
+    if "://" not in url and "@" in url:
+        return "xxxxx@" + url.rpartition("@")[2]
     try:
         parts = urlsplit(url)
         if parts.password is None:

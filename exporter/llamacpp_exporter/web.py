@@ -123,7 +123,9 @@ def load_web_config(path: str) -> WebSecurity:
     if cfg.users:
         import bcrypt
 
-        cost = max(int(h.split("$")[2]) if h.count("$") >= 3 and h.split("$")[2].isdigit() else 10 for h in users.values())
+        cost = max(
+            int(h.split("$")[2]) if h.count("$") >= 3 and h.split("$")[2].isdigit() else 10 for h in users.values()
+        )
         cfg.dummy_hash = bcrypt.hashpw(b"not a password", bcrypt.gensalt(rounds=min(max(cost, 4), 16)))
     return cfg
 
