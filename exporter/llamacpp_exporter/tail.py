@@ -7,12 +7,14 @@ oversized, so one runaway line cannot exhaust memory.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import json
 import logging
 import os
 import select
+import stat
 import subprocess
 import threading
 import time
@@ -225,6 +227,93 @@ def run_start(fh: IO[bytes], end: int, limit: int) -> int:
     return end if nl < 0 else lowest + nl + 1
 
 
+def rotated_names(path: str) -> list[str]:
+    """Files next to ``path`` named as rotations of it (X.1, X.1.gz, X-20261201, X_old), the
+    most recently changed first."""
+    directory, base = os.path.split(os.path.abspath(path))
+    out = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    for name in names:
+        if name == base or not name.startswith(base) or name[len(base) : len(base) + 1] not in (".", "-", "_"):
+            continue
+        full = os.path.join(directory, name)
+        try:
+            st = os.stat(full)
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            out.append((st.st_mtime, full))
+    return [full for _, full in sorted(out, reverse=True)]
+
+
+def _open_at(name: str, r: LogPosition) -> tuple[IO[bytes], int] | None:
+    """The saved file under another name, positioned where the server run being read began
+    (at most CATCH_UP_BYTES before the saved offset), or None if this is not it: the same
+    file (renamed) or a copy of it (copytruncate, compressed or not), told by the digest of
+    the bytes before the saved offset."""
+    n = min(r.offset, HEAD_BYTES)
+    if name.endswith(".gz"):
+        start = _gz_run_start(name, r.offset, r.sig)
+        if start is None:
+            return None
+        gz = cast(IO[bytes], gzip.open(name, "rb"))
+        _skip(gz, start)
+        return gz, start
+    fh = open(name, "rb")
+    st = os.fstat(fh.fileno())
+    if st.st_size < r.offset or _digest(os.pread(fh.fileno(), n, r.offset - n) if n else b"") != r.sig:
+        fh.close()
+        return None
+    start = run_start(fh, r.offset, CATCH_UP_BYTES)
+    fh.seek(start)
+    return fh, start
+
+
+def _skip(stream: IO[bytes], n: int) -> None:
+    while n > 0:
+        data = stream.read(min(n, 1 << 20))
+        if not data:
+            raise EOFError("shorter than the saved position")
+        n -= len(data)
+
+
+def _gz_run_start(name: str, offset: int, sig: str) -> int | None:
+    """Read a compressed file up to ``offset``: None unless the bytes before it are the saved
+    ones; else where its last start banner before offset (not a router child's) begins, or the
+    first line within CATCH_UP_BYTES of offset."""
+    n = min(offset, HEAD_BYTES)
+    last_banner, window_start, at, carry = -1, None, 0, b""
+    with gzip.open(name, "rb") as gz:
+        while at < offset:
+            data = gz.read(min(1 << 20, offset - at))
+            if not data:
+                return None  # shorter than the saved position: not the saved file
+            buf, base = carry + data, at - len(carry)
+            i = buf.find(_BANNER)
+            while i >= 0:
+                line = buf.rfind(b"\n", 0, i) + 1
+                if buf[line : line + 1] != b"[":
+                    last_banner = base + line
+                i = buf.find(_BANNER, i + 1)
+            if window_start is None and at + len(data) > offset - CATCH_UP_BYTES:
+                lo = offset - CATCH_UP_BYTES - base
+                if lo <= 0:
+                    window_start = 0
+                else:
+                    nl = buf.find(b"\n", lo)
+                    window_start = base + nl + 1 if nl >= 0 else None
+            at += len(data)
+            carry = buf[-max(len(_BANNER) + 256, HEAD_BYTES) :]
+    if _digest(carry[len(carry) - n :] if n else b"") != sig:
+        return None
+    if last_banner >= 0 and offset - last_banner <= CATCH_UP_BYTES:
+        return last_banner
+    return window_start if window_start is not None else offset
+
+
 def _line_start(fd: int, offset: int) -> int:
     while offset > 0:
         lo = max(0, offset - 4096)
@@ -289,6 +378,10 @@ class FileFollower:
         how = "its start"
         if self._first_open and self.resume is not None and self.resume.path == self.path:
             self.pos, how = self._resumed(fh, st)
+            if self.pos == 0 and self.resume.offset > 0:
+                old = self._rest_of_rotated(self.resume)
+                if old is not None:
+                    how = f"its start, after the rest of {old} (rotated while the exporter was down)"
         elif self._first_open and not self.from_start:
             self.pos = fh.seek(0, os.SEEK_END)
             how = "its end (no saved position: lines written while the exporter was down are not read)"
@@ -332,6 +425,59 @@ class FileFollower:
         if same:
             return r.offset, "the saved position (nothing read twice, nothing skipped)"
         return 0, "its start (the file was truncated while the exporter was down)"
+
+    def _rest_of_rotated(self, r: LogPosition) -> str | None:
+        """The file was rotated while the exporter was stopped: find the saved file among the
+        rotated names (X.1, X-20261201, compressed since or not) and read it from the saved
+        position to its end first, so that no request of it is lost. None when not found."""
+        for name in rotated_names(self.path):
+            try:
+                found = _open_at(name, r)
+            except (OSError, EOFError, gzip.BadGzipFile, ValueError) as e:
+                log.warning("cannot read rotated log %s: %s", name, getattr(e, "strerror", None) or e)
+                continue
+            if found is None:
+                continue
+            stream, start = found
+            with stream:
+                self._read_rest(name, stream, start, r.offset)
+            return name
+        log.warning(
+            "log file %s was replaced while the exporter was down and the saved one is not among its rotated "
+            "names: requests written to it after offset %d are not counted",
+            self.path,
+            r.offset,
+        )
+        return None
+
+    def _read_rest(self, name: str, stream: IO[bytes], start: int, offset: int) -> None:
+        """From ``start`` (the run's banner) to ``offset`` again to catch up, then the rest."""
+        catching = start < offset and self.on_catch_up is not None
+        if catching:
+            assert self.on_catch_up is not None
+            self.on_catch_up(True)
+        at = start
+        while True:
+            want = self.chunk if not catching else min(self.chunk, offset - at)
+            try:
+                data = stream.read(want)
+            except (OSError, EOFError, gzip.BadGzipFile) as e:  # a cut .gz: what it holds is read
+                self.stats.read_error()
+                log.warning("error reading rotated log %s: %s", name, e)
+                data = b""
+            if not data:
+                break
+            at += len(data)
+            self.splitter.feed(data)
+            if catching and at >= offset:
+                catching = False
+                assert self.on_catch_up is not None
+                self.on_catch_up(False)
+        if catching:
+            assert self.on_catch_up is not None
+            self.on_catch_up(False)
+        self.splitter.flush()  # the rotated file ends there: its last line is whole
+        log.info("read the rest of rotated log %s (offset %d to %d)", name, offset, at)
 
     def position(self) -> LogPosition | None:
         """After the last complete line handed on (a partial last line is read again)."""
