@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import IO
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -38,7 +38,9 @@ _RESULT = {
 
 
 class EventsFile:
-    """Appends one JSON line per request record. Records hold numbers and fixed words only."""
+    """Appends one JSON line per request record. Records hold numbers and fixed words only.
+    A line is written whole or not at all: a write that fails part-way (a full disk, a file-size
+    limit) is cut back, so the next line never joins a partial one; the record is counted."""
 
     def __init__(self, path: str, registry: CollectorRegistry) -> None:
         self.path = path
@@ -47,25 +49,39 @@ class EventsFile:
             "llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r
         )
         self.events_errors = Counter(
-            "llamacpp_exporter_events_write_errors", "Failed writes to the events file.", registry=r
+            "llamacpp_exporter_events_write_errors",
+            "Request records (or proof lines) that could not be written to the events file.",
+            registry=r,
         )
-        self._fh: IO[str] | None = None
+        self._fd: int | None = None
         self._last_error_log = 0.0
 
     def write(self, rec: RequestRecord) -> None:
         self._append(rec.to_event(), counted=True)
 
     def _append(self, obj: dict, counted: bool) -> None:
+        data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        end = None
         try:
-            if self._fh is None:
-                self._fh = open(self.path, "a", encoding="utf-8")
-            self._fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
-            self._fh.flush()
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            end = os.lseek(self._fd, 0, os.SEEK_END)
+            view = memoryview(data)
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
             if counted:
                 self.records_written.inc()
         except OSError as e:
             self.events_errors.inc()
-            self._fh = None
+            if self._fd is not None:
+                if end is not None:
+                    try:
+                        os.ftruncate(self._fd, end)  # no partial line left behind
+                    except OSError:
+                        pass
+                os.close(self._fd)
+                self._fd = None
             now = time.monotonic()
             if now - self._last_error_log > 60:
                 self._last_error_log = now
@@ -89,9 +105,9 @@ class EventsFile:
         )
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class _Facts:
