@@ -342,6 +342,31 @@ def test_ready_reports_a_stopped_log_follower(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("kind", ["directory", "fifo"])
+def test_a_log_path_that_is_no_file_is_said_once_and_shown_in_readiness(tmp_path, kind):
+    import os
+
+    log = tmp_path / "llama-server.log"
+    if kind == "directory":
+        log.mkdir()
+    else:
+        os.mkfifo(log)  # nobody writes to it: opening it would block forever
+    exp = ExporterProcess(
+        ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log), "--no-llama.slots"],
+        tmp_path / "exp",
+    ).start()
+    try:
+        wait_for(lambda: httpx.get(exp.url + "/-/ready").status_code == 503, "not ready")
+        time.sleep(2)  # several polls of the follower
+        r = httpx.get(exp.url + "/-/ready")
+        assert r.status_code == 503 and ("directory" in r.text or "FIFO" in r.text), r.text
+    finally:
+        exp.stop()
+    said = [line for line in exp.stderr_path.read_text().splitlines() if "cannot open log file" in line]
+    assert len(said) == 1, said
+
+
+@pytest.mark.integration
 def test_a_loading_llama_server_is_loading_not_down(tmp_path):
     """A real llama-server answers 503 on /health until its model is loaded: the exporter,
     started first and polling fast, sees llamacpp_loading 1 (not a down server), then up."""

@@ -245,6 +245,7 @@ class Exporter:
             registry=self.registry,
         ).labels(__version__, platform.python_version()).set(1)
         self._source_failed = False
+        self._follower: FileFollower | None = None
         self.position_path = position_file(cfg) if cfg.llama.log_path and cfg.llama.log_path != "-" else None
         self._position: LogPosition | None = None
         self._position_saved = 0.0
@@ -281,7 +282,7 @@ class Exporter:
                 follow_stream(sys.stdin.buffer, splitter, self.stop)
                 log.info("standard input closed")
             elif lc.log_path:
-                follower = FileFollower(
+                follower = self._follower = FileFollower(
                     lc.log_path,
                     splitter,
                     self.stats,
@@ -392,6 +393,8 @@ class Exporter:
         dead = [t.name for t in self.threads if t.name in ("pipeline", "poller", "health-poller") and not t.is_alive()]
         if self._source_failed:
             dead.append("log-source")
+        elif self._follower is not None and self._follower.open_error is not None:
+            dead.append(f"log-source ({self._follower.open_error})")
         return dead
 
     def shutdown(self) -> None:

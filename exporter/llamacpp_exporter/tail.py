@@ -227,6 +227,18 @@ def run_start(fh: IO[bytes], end: int, limit: int) -> int:
     return end if nl < 0 else lowest + nl + 1
 
 
+def _not_a_file(path: str) -> str | None:
+    """Why ``path`` cannot be followed as a log file, or None (a regular file, or missing)."""
+    st = os.stat(path)  # FileNotFoundError: waited for
+    if stat.S_ISDIR(st.st_mode):
+        return "it is a directory: give the log file itself"
+    if stat.S_ISFIFO(st.st_mode):
+        return "it is a FIFO, which cannot be followed by name: pipe it in (--llama.log-path - ) instead"
+    if not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    return None
+
+
 def rotated_names(path: str) -> list[str]:
     """Files next to ``path`` named as rotations of it (X.1, X.1.gz, X-20261201, X_old), the
     most recently changed first."""
@@ -358,9 +370,14 @@ class FileFollower:
         self.tail_sig = b""  # the last bytes read, ending at pos: a rewrite past pos changes them
         self._first_open = True
         self._missing_logged = False
+        self.open_error: str | None = None  # why the log cannot be opened now (for /-/ready)
 
     def _open(self) -> bool:
         try:
+            kind = _not_a_file(self.path)
+            if kind is not None:
+                self._cannot_open(kind)
+                return False
             fh = open(self.path, "rb")
         except FileNotFoundError:
             if not self._missing_logged:
@@ -369,9 +386,9 @@ class FileFollower:
             self._first_open = False  # a file created later is read from its start
             return False
         except OSError as e:
-            self.stats.read_error()
-            log.warning("cannot open log file %s: %s", self.path, e.strerror)
+            self._cannot_open(e.strerror or str(e))
             return False
+        self.open_error = None
         st = os.fstat(fh.fileno())
         self.fh = fh
         self.ino = (st.st_dev, st.st_ino)
@@ -425,6 +442,13 @@ class FileFollower:
         if same:
             return r.offset, "the saved position (nothing read twice, nothing skipped)"
         return 0, "its start (the file was truncated while the exporter was down)"
+
+    def _cannot_open(self, why: str) -> None:
+        """Said once per reason, counted each time; /-/ready shows it while it lasts."""
+        self.stats.read_error()
+        if why != self.open_error:
+            log.warning("cannot open log file %s: %s", self.path, why)
+        self.open_error = why
 
     def _rest_of_rotated(self, r: LogPosition) -> str | None:
         """The file was rotated while the exporter was stopped: find the saved file among the
