@@ -490,3 +490,84 @@ def test_the_exporter_queues_the_lines_of_a_read_as_batches_in_order():
     batches.feed(b"no newline yet")
     batches.flush()
     assert items == [["partial"], ["no newline yet"]]
+
+
+class _Items:
+    """The exporter's own splitter (lines handed on in batches, as to the pipeline's queue)."""
+
+    def __init__(self) -> None:
+        from llamacpp_exporter.app import _LineBatches
+
+        self.items: list = []
+        self.lock = threading.Lock()
+        self.splitter = _LineBatches(self._put, 1 << 20)
+
+    def _put(self, item) -> None:
+        with self.lock:
+            self.items.append(item)
+
+    def lines(self) -> list[str]:
+        with self.lock:
+            return [line for item in self.items if isinstance(item, list) for line in item]
+
+
+def _follow(cmd: str, items: _Items) -> tuple[threading.Event, threading.Thread]:
+    stop = threading.Event()
+    t = threading.Thread(target=follow_command, args=(cmd, items.splitter, SourceStats(), stop), daemon=True)
+    t.start()
+    return stop, t
+
+
+def _runs(tmp_path: Path, *scripts: str) -> str:
+    """A command that runs the next script each time it is started (a restarted journalctl)."""
+    for i, body in enumerate(scripts):
+        (tmp_path / f"run{i}.sh").write_text(body)
+    (tmp_path / "n").write_text("0")
+    return f"n=$(cat {tmp_path}/n); echo $((n+1)) > {tmp_path}/n; exec sh {tmp_path}/run$n.sh"
+
+
+@pytest.mark.integration
+def test_a_restarted_command_hands_on_its_new_lines_before_a_quiet_spell(tmp_path):
+    history = "".join(f"line {i}\\n" for i in range(5))
+    cmd = _runs(tmp_path, f"printf '{history}'", f"printf '{history}line 5\\nline 6\\n'; sleep 60")
+    items = _Items()
+    stop, t = _follow(cmd, items)
+    try:
+        # the new lines arrive although the command then says nothing for a minute
+        wait_for(lambda: items.lines()[-1:] == ["line 6"], "the restarted command's new lines", timeout=15)
+    finally:
+        stop.set()
+        t.join(10)
+    assert items.lines() == [f"line {i}" for i in range(7)]
+
+
+@pytest.mark.integration
+def test_a_restarted_command_on_a_server_that_never_pauses_counts_on(tmp_path):
+    history = "".join(f"line {i}\\n" for i in range(5))
+    busy = "i=5; while true; do echo line $i; i=$((i+1)); sleep 0.05; done"  # a line every 50 ms
+    cmd = _runs(tmp_path, f"printf '{history}'", f"printf '{history}'; {busy}")
+    items = _Items()
+    stop, t = _follow(cmd, items)
+    try:
+        wait_for(lambda: "line 20" in items.lines(), "lines while the server never pauses", timeout=15)
+    finally:
+        stop.set()
+        t.join(10)
+    got = items.lines()
+    assert got[:21] == [f"line {i}" for i in range(21)] and len(got) == len(set(got))
+
+
+@pytest.mark.integration
+def test_a_command_killed_mid_line_is_matched_again_on_restart(tmp_path):
+    # the first run ends in the middle of a line; the restart prints the whole history again
+    cmd = _runs(
+        tmp_path, "printf 'line 0\\nline 1\\nline 2\\nli'", "printf 'line 0\\nline 1\\nline 2\\nline 3\\n'; sleep 60"
+    )
+    items = _Items()
+    stop, t = _follow(cmd, items)
+    try:
+        wait_for(lambda: items.lines()[-1:] == ["line 3"], "the whole last line", timeout=15)
+    finally:
+        stop.set()
+        t.join(10)
+    assert items.lines() == ["line 0", "line 1", "line 2", "line 3"]

@@ -94,6 +94,9 @@ class _LineBatches(LineSplitter):
         super().flush()
         self._send()
 
+    def handed(self) -> None:
+        self._send()
+
 
 def settings_from(cfg: Config) -> AssemblySettings:
     return AssemblySettings(

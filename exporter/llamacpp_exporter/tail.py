@@ -145,6 +145,9 @@ class LineSplitter:
         self.buf.clear()
         self.skipping = False
 
+    def handed(self) -> None:
+        """Lines emitted outside a feed (released by the replay guard) are to go on now."""
+
 
 @dataclass(frozen=True)
 class LogPosition:
@@ -700,11 +703,20 @@ class ReplayGuard:
     def __call__(self, line: str) -> None:
         if self.held is not None:
             self.held.append(line)
-            if len(self.held) >= self.MAX_HELD:
+            if len(self.held) >= self.MAX_HELD or self._caught_up():
                 self.settle()
             return
         self.recent.append(line)
         self.emit(line)
+
+    def _caught_up(self) -> bool:
+        """The replay has just printed the last lines read before the restart: what follows
+        is new (on a server that never pauses, waiting for a pause would count nothing)."""
+        held, anchor = self.held, self.recent
+        if not held or not anchor or held[-1] != anchor[-1]:
+            return False
+        n = min(len(anchor), len(held))
+        return held[-n:] == list(anchor)[-n:] and (n == len(anchor) or n == len(held))
 
     def restarted(self) -> None:
         if self.recent:
@@ -790,13 +802,17 @@ def follow_command(
                 ready, _, _ = select.select([proc.stdout], [], [], replay_quiet)
                 if not ready:
                     guard.settle()  # the replay is over: the command now follows
+                    splitter.handed()  # what it released goes on now, not at the next read
                     continue
             data = stdout.read1(1 << 16)
             if not data:
                 break
             splitter.feed(data)
-        splitter.flush()
+        # a line cut short by the command's end is printed whole again by the restarted
+        # command's replay: never a line (nor the anchor the replay is matched against)
+        splitter.drop()
         guard.settle()
+        splitter.handed()
         rc = proc.wait()
         if stop.is_set():
             return
