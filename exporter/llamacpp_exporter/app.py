@@ -35,7 +35,7 @@ from . import __version__
 from .assemble import AssemblySettings
 from .config import Config, parse_listen_address, position_file, read_api_key, read_salt, redact_url
 from .conversations import ConversationCosts, Pseudonymizer
-from .pipeline import Pipeline
+from .pipeline import Pipeline, written_records
 from .records import LoraAdapters, SlotsSnapshot
 from .server import ServerPoller
 from .tail import (
@@ -285,12 +285,17 @@ class Exporter:
                 follow_stream(sys.stdin.buffer, splitter, self.stop)
                 log.info("standard input closed")
             elif lc.log_path:
+                resume = load_position(self.position_path) if self.position_path else None
+                if resume is not None and self.cfg.events.path:
+                    # records written before the stop are not written again; those still in
+                    # flight when it came (a kill) are: read again, they go out now
+                    self.pipeline.written = written_records(self.cfg.events.path)
                 follower = self._follower = FileFollower(
                     lc.log_path,
                     splitter,
                     self.stats,
                     from_start=lc.log_from_start,
-                    resume=load_position(self.position_path) if self.position_path else None,
+                    resume=resume,
                     on_position=self._put if self.position_path else None,
                     on_catch_up=lambda started: self._put(_CATCH_UP if started else _CAUGHT_UP),
                 )

@@ -222,6 +222,8 @@ class Pipeline:
             self.consumers.append(on_record)
         self.on_proof = on_proof
         self.records_out = 0
+        # (model, slot, task, start) of the records the events file holds from before a restart
+        self.written: set[tuple] | None = None
         self._prefixed = False  # the log's lines carry llama-server's prefix (a timestamp)
         self._catching_up = False
         # the plain server, or the router's own lines (a router serves no request itself)
@@ -266,11 +268,15 @@ class Pipeline:
             consume(record)
 
     def _before_start(self, record: RequestRecord, source: Assembler) -> bool:
-        """A request that ended before the exporter started (read again to catch up)."""
-        if self._catching_up:
-            return True
+        """A request that ended before the exporter started (read again to catch up) and was
+        written then. Known from the events file when there is one: a record that was still
+        waiting when the exporter was killed goes out now; else every such request is."""
         q = source.caught_up_at
-        return q is not None and (record.epoch, record.end_us or 0) <= q
+        if not self._catching_up and (q is None or (record.epoch, record.end_us or 0) > q):
+            return False
+        if self.written is None:
+            return True
+        return (record.model, record.slot, record.task, record.start_us) in self.written
 
     def catch_up(self, started: bool) -> None:
         """The lines between ``catch_up(True)`` and ``catch_up(False)`` were written before the
@@ -403,6 +409,27 @@ _ROUTER_EVENTS = frozenset(
         parse.ModelRequestCancelled,
     }
 )
+
+
+def written_records(path: str, tail_bytes: int = 16 << 20) -> set[tuple]:
+    """The records an events file holds (its last ``tail_bytes``), by model, slot, task and
+    start: what a restarted exporter must not write again."""
+    out: set[tuple] = set()
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, size - tail_bytes))
+            data = fh.read()
+    except OSError:
+        return out
+    for line in data.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue  # the cut first line, or one that is not a record
+        if isinstance(obj, dict) and "proof" not in obj and "task" in obj:
+            out.add((obj.get("model", ""), obj.get("slot"), obj.get("task"), obj.get("start_us")))
+    return out
 
 
 def replay(
