@@ -90,3 +90,26 @@ def test_killed_three_times_while_the_log_is_written_every_request_is_counted_on
     got = tasks(events)
     print(f"killed 3 times: {len(got)} records for 32 requests, {len(set(got))} distinct")
     assert len(got) == len(set(got)) == 32
+
+
+def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path):
+    lines = LOG.read_text().splitlines(keepends=True)
+    log, events = tmp_path / "llama.log", tmp_path / "events.jsonl"
+    log.write_text("")
+    args = ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
+    args += ["--events.path", str(events), "--no-llama.slots"]
+    exp = ExporterProcess(args, tmp_path / "a").start()
+    exp.wait_following()
+    half = len(lines) // 2
+    with open(log, "a") as fh:
+        fh.writelines(lines[:half])
+    wait_for(lambda: events.exists() and tasks(events), "records")
+    events.rename(tmp_path / "events.jsonl.1")  # our own output rotated, then SIGHUP
+    exp.proc.send_signal(signal.SIGHUP)
+    with open(log, "a") as fh:
+        fh.writelines(lines[half:])
+    wait_for(lambda: events.exists() and tasks(events), "records in the new events file")
+    assert exp.proc.poll() is None, "SIGHUP stopped the exporter"
+    exp.stop()
+    got = tasks(tmp_path / "events.jsonl.1") + tasks(events)
+    assert len(got) == len(set(got)) == 32

@@ -430,8 +430,16 @@ def run(cfg: Config) -> int:
     def _signal(signum: int, frame: Any) -> None:
         done.set()
 
+    def _reopen(signum: int, frame: Any) -> None:
+        # as daemons do: our own output was rotated. The flag is read by the pipeline thread,
+        # which alone writes the file.
+        if exp.pipeline.events is not None:
+            exp.pipeline.events.reopen_requested = True
+        log.info("SIGHUP: the events file is opened again at its next record")
+
     signal.signal(signal.SIGTERM, _signal)
     signal.signal(signal.SIGINT, _signal)
+    signal.signal(signal.SIGHUP, _reopen)
     # When standard input ends the exporter keeps serving its final metrics until stopped.
     done.wait()
     log.info("shutting down")

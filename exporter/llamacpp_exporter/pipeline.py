@@ -55,6 +55,7 @@ class EventsFile:
         )
         self._fd: int | None = None
         self._last_error_log = 0.0
+        self.reopen_requested = False  # SIGHUP: the file was rotated; the next line opens it again
 
     def write(self, rec: RequestRecord) -> None:
         self._append(rec.to_event(), counted=True)
@@ -62,6 +63,10 @@ class EventsFile:
     def _append(self, obj: dict, counted: bool) -> None:
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         end = None
+        if self.reopen_requested and self._fd is not None:
+            self.reopen_requested = False
+            os.close(self._fd)
+            self._fd = None
         try:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
