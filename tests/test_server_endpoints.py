@@ -533,3 +533,27 @@ def test_a_burst_of_parallel_scrapes_is_answered(tmp_path):
     finally:
         exp.stop()
     assert codes.count(200) == 400
+
+
+def test_a_server_family_with_too_many_series_is_cut_and_said():
+    from llamacpp_exporter.server import MAX_SERVER_SERIES, TooManySeries
+
+    text = "# TYPE llamacpp:requests_processing gauge\n" + "".join(
+        f'llamacpp:requests_processing{{x="{i}"}} 1\n' for i in range(100_000)
+    )
+    with pytest.raises(TooManySeries) as e:
+        rename_server_metrics(text)
+    assert len(e.value.families[0].samples) == MAX_SERVER_SERIES
+
+
+def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing():
+    import resource
+
+    from llamacpp_exporter.server import slots_json
+
+    body = b"[" + b",".join([b"{}"] * 5_000_000) + b"]"  # 10 MB
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ValueError, match="more than"):
+        slots_json(body)
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mib < 100, grown_mib

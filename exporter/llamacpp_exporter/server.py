@@ -70,6 +70,18 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
+# objects in a /slots answer, at most: a slot is a few dozen (its params, its LoRA list)
+MAX_SLOTS_OBJECTS = MAX_SLOTS * 256
+
+
+def slots_json(body: bytes) -> Any:
+    """Parse /slots, refusing an answer of far more objects than any server's slots hold
+    before building them (31 MB of tiny objects would take the better part of a GiB)."""
+    if body.count(b"{") > MAX_SLOTS_OBJECTS:
+        raise ValueError(f"/slots holds more than {MAX_SLOTS_OBJECTS} objects")
+    return json.loads(body)
+
+
 def parse_slots(obj: Any, model: str = "") -> SlotsSnapshot:
     """``/slots`` JSON -> numeric slot states. Text fields (prompt, generated) are never read."""
     if not isinstance(obj, list):
@@ -169,13 +181,18 @@ def parse_lora_adapters(obj: Any, model: str = "") -> LoraAdapters:
     return LoraAdapters(tuple(sorted(scales)), model)
 
 
+MAX_SERVER_SERIES = 1000  # per re-exported family: llama-server's own have a handful
+
+
 def rename_server_metrics(text: str) -> list[Metric]:
     """llama-server's ``llamacpp:name`` families -> ``llamacpp_server_name``.
 
     Colons are reserved for recording rules. A family declared counter whose sample does
-    not end in ``_total`` (``n_tokens_max``, a high-water mark) is re-typed gauge.
+    not end in ``_total`` (``n_tokens_max``, a high-water mark) is re-typed gauge. A family
+    with more than MAX_SERVER_SERIES series is cut there (ValueError after the rest: counted).
     """
     out = []
+    cut = []
     # the client parser appends _total to counter samples that lack it: note the real names
     raw_names = {ln.split("{", 1)[0].split(" ", 1)[0] for ln in text.splitlines() if ln and ln[0] != "#"}
     for fam in text_string_to_metric_families(text):
@@ -192,10 +209,23 @@ def rename_server_metrics(text: str) -> list[Metric]:
             samples = [Sample(name, s.labels, s.value) for s in samples]
         if typ not in ("counter", "gauge"):
             typ = "untyped"
+        if len(samples) > MAX_SERVER_SERIES:
+            cut.append(f"{name} ({len(samples)} series)")
+            samples = samples[:MAX_SERVER_SERIES]
         m = Metric(name, fam.documentation or name, typ)
         m.samples = samples
         out.append(m)
+    if cut:
+        raise TooManySeries(out, cut)
     return out
+
+
+class TooManySeries(ValueError):
+    """Families cut at MAX_SERVER_SERIES; ``families`` holds what is re-exported."""
+
+    def __init__(self, families: list[Metric], cut: list[str]) -> None:
+        super().__init__(f"more than {MAX_SERVER_SERIES} series in: {', '.join(cut)[:300]}")
+        self.families = families
 
 
 # ---------------------------------------------------------------- the poller
@@ -413,7 +443,7 @@ class ServerPoller:
         snap = None
         if r is not None:
             try:
-                snap = parse_slots(r.json(), model)
+                snap = parse_slots(slots_json(r.content), model)
             except (ValueError, RecursionError) as e:
                 self.metrics.scrape_errors.labels("slots").inc()
                 log.warning("unexpected /slots answer: %s", e)
@@ -432,7 +462,14 @@ class ServerPoller:
             if r is None:
                 continue
             try:
-                fams = rename_server_metrics(r.text)
+                try:
+                    fams = rename_server_metrics(r.text)
+                except TooManySeries as e:  # what is within the cap is re-exported; counted
+                    fams = e.families
+                    self.metrics.scrape_errors.labels("metrics").inc()
+                    if self._logged_down.get("metrics-series") != str(e):
+                        self._logged_down["metrics-series"] = str(e)
+                        log.warning("llama-server /metrics: %s; cut there", e)
                 per_model.append(with_model_label(fams, model) if model else fams)
             except Exception as e:  # malformed exposition: keep going without it
                 self.metrics.scrape_errors.labels("metrics").inc()
