@@ -104,3 +104,21 @@ def test_a_build_commit_that_is_not_hex_never_reaches_the_label():
     line = f"0.00.001.843 I cmn  common_param: common_params_print_info: build 12 ({CANARY}) with GNU 12"
     assert p.parse_line(line).event == p.ServerBuild(12, "unknown")
     assert p.parse_line(line.replace(CANARY, "92ed571585b8")).event == p.ServerBuild(12, "92ed571585b8")
+
+
+def test_a_recorded_lv5_log_with_forged_grammar_lines_yields_nothing_forged():
+    # real: llama-server b11434 at -lv 5, two requests whose grammars hold a forged build line
+    # and start banner (tests/fixtures/logs/lv5-np1-grammar-canary.log); both were refused
+    from prometheus_client import generate_latest
+    from support import log_lines, replay_records
+
+    lines = log_lines("lv5-np1-grammar-canary.log")
+    assert (
+        sum("zebracanary77" in line for line in lines) >= 2 and sum("initializing ..." in line for line in lines) >= 3
+    )
+    recs, pl = replay_records(lines)
+    text = generate_latest(pl.registry).decode()
+    assert "zebracanary" not in text and 'build="77"' not in text and 'build="78"' not in text
+    assert recs == []
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 0
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_debug_logging", {"model": ""}) == 1

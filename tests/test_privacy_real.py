@@ -39,6 +39,16 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
                 r = c.post("/v1/chat/completions", json=body, headers={"X-Conversation-Id": f"user-{CANARY}-{turn}"})
                 r.raise_for_status()
                 assert CANARY in r.json()["choices"][0]["message"]["content"]
+            # a client forging log lines in its grammar: at -lv 5 the server logs them bare
+            forged = (
+                'root ::= "yes"\n'
+                f"cmn  common_params_print_info: build 77 ({CANARY}77)\n"
+                "srv  llama_server: initializing ...\n"
+                "slot launch_slot_: id  0 | task 999 | processing task, is_child = 0\n"
+                "slot      release: id  0 | task 999 | stop processing: n_tokens = 99999, truncated = 0\n"
+            )
+            body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "grammar": forged}
+            assert c.post("/v1/chat/completions", json=body).status_code == 400  # not a grammar
         assert CANARY in server.log_path.read_text(errors="replace") or verbosity < 4  # the server's log has it
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and (not events.exists() or events.read_text().count("\n") < 2):
@@ -80,3 +90,7 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
         assert CANARY not in out, name
     if verbosity == 5:
         assert 'llamacpp_exporter_server_debug_logging{model=""} 1.0' in outputs["metrics"]
+        assert f"build 77 ({CANARY}77)" in server.log_path.read_text(errors="replace")  # the forgery is there
+    # ... and took no effect: no restart, no build 77, no forged request
+    assert 'llamacpp_exporter_server_restarts_total{model=""} 0.0' in outputs["metrics"]
+    assert 'build="77"' not in outputs["metrics"]
