@@ -3,6 +3,7 @@ Prometheus (its own TLS client and basic auth), with certificates made by openss
 
 from __future__ import annotations
 
+import os
 import ssl
 import subprocess
 import sys
@@ -219,3 +220,53 @@ def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path):
     finally:
         bcrypt.checkpw = real
     assert 1 <= most <= webmod.BCRYPT_CONCURRENCY
+
+
+def test_a_flood_of_idle_connections_never_spins_and_scrapes_are_answered_again(tmp_path):
+    """1,100 idle connections against the usual limit of 1,024 open files: the exporter
+    closes what it cannot serve, does not spin on a full descriptor table, and answers scrapes
+    again once the idle connections time out."""
+    import socket
+
+    port = free_port()
+    err = open(tmp_path / "exporter.stderr", "wb")
+    proc = subprocess.Popen(
+        ["sh", "-c", f"ulimit -n 1024; exec {sys.executable} -m llamacpp_exporter --web.listen-address "
+         f"127.0.0.1:{port} --llama.url http://127.0.0.1:{free_port()} --no-llama.slots"],
+        stdout=err, stderr=err,
+    )  # fmt: skip
+    socks: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        for _ in range(1100):  # more than the descriptors left
+            s = socket.create_connection(("127.0.0.1", port))
+            socks.append(s)  # connected, sending nothing
+        t0, cpu0 = time.monotonic(), _cpu_seconds(proc.pid)
+        time.sleep(3)
+        busy = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        answered = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and answered is None:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+                answered = time.monotonic() - t0 if r.status_code == 200 else None
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        print(f"1100 idle connections: {busy:.0%} of a core, a scrape answered after {answered} s")
+        assert busy < 0.5, busy
+        assert answered is not None
+    finally:
+        for s in socks:
+            s.close()
+        terminate(proc)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -7,6 +7,7 @@ a stalled pipeline slows the reader (the file or pipe keeps the data) instead of
 
 from __future__ import annotations
 
+import errno
 import html
 import json
 import logging
@@ -122,9 +123,40 @@ class _ServerFamilies(Collector):
             return []
 
 
+MAX_CONNECTIONS = 256  # served at once; more are closed at once (an idle one ends after _QuietHandler.timeout)
+
+
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog: socketserver's 5 drops connections under a burst of scrapes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.connections_refused = 0
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # out of descriptors: the listening socket stays readable, so retrying at once
+                # would spin; wait for connections to end
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.connections_refused += 1
+            self.shutdown_request(request)  # too many at once: this one is closed, not queued
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that failed the TLS handshake or hung up: not the exporter's error
@@ -136,7 +168,7 @@ class _V6ThreadingWSGIServer(_ThreadingWSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = 30  # a client that connects and stalls (or never finishes a TLS handshake) frees its thread
+    timeout = 10  # a client that connects and stalls (or never finishes a TLS handshake) frees its thread
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log
         pass
@@ -422,7 +454,22 @@ class Exporter:
         self.poller.close()
 
 
+def _raise_open_files_limit() -> None:
+    """As Go programs do (node_exporter among them): the soft limit of open files up to the
+    hard one, so that a burst of connections does not run the process out of descriptors."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = 1 << 20 if hard == resource.RLIM_INFINITY else hard
+        if soft != resource.RLIM_INFINITY and target > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
 def run(cfg: Config) -> int:
+    _raise_open_files_limit()
     exp = Exporter(cfg)
     exp.start()
     done = threading.Event()
