@@ -504,11 +504,42 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
             return reg.get_sample_value("llamacpp_up", {"endpoint": endpoint})
 
         wait_for(lambda: up("health") == 1, "/health up")
-        assert up("slots") is None  # /slots is still dripping: /health is up all the same
         assert reg.get_sample_value("llamacpp_exporter_last_success_timestamp_seconds", {"endpoint": "health"}) > 0
+        # /slots is still dripping: down once it has waited longer than the timeout (1 s),
+        # not when the request ends (60 s), while /health is up all the same
         t0 = time.monotonic()
-        wait_for(lambda: up("slots") == 0, "/slots given up", timeout=40)
-        assert time.monotonic() - t0 < 40  # its deadline, not the 60 s answer
+        wait_for(lambda: up("slots") == 0, "/slots down", timeout=40)
+        assert time.monotonic() - t0 < 20 and up("health") == 1
+        stop.set()
+        for t in threads:
+            t.join(5)
+    finally:
+        srv.shutdown()
+
+
+@pytest.mark.integration
+def test_a_dripping_metrics_endpoint_is_down_in_time_and_delays_no_slots_poll():
+    class B(FakeBehaviour):
+        drip = {"/metrics"}  # a byte every 0.2 s: minutes in all
+        drip_interval = 0.2
+        hits: list[str] = []
+
+    srv, url = serve(B)
+    try:
+        poller, reg, got = poller_for(url, timeout=1.0)
+        poller.metrics_on_own_thread = True
+        stop = threading.Event()
+        threads = [threading.Thread(target=f, args=(stop,), daemon=True) for f in (poller.run, poller.run_metrics)]
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        wait_for(lambda: reg.get_sample_value("llamacpp_up", {"endpoint": "metrics"}) == 0, "/metrics down")
+        down_after = time.monotonic() - t0
+        # meanwhile /slots is polled on, every second, and is up
+        wait_for(lambda: B.hits.count("/slots") >= 3, "/slots polled while /metrics drips")
+        assert reg.get_sample_value("llamacpp_up", {"endpoint": "slots"}) == 1
+        print(f"/metrics dripping: down after {down_after:.1f} s; /slots polled {B.hits.count('/slots')} times")
+        assert down_after < 10
         stop.set()
         for t in threads:
             t.join(5)

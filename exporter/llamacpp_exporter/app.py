@@ -270,6 +270,7 @@ class Exporter:
             on_snapshot=lambda s: self._put(s),
             on_adapters=lambda a: self._put(a),
         )
+        self.poller.metrics_on_own_thread = cfg.llama.poll_metrics
         self.registry.register(_ServerFamilies(self.poller))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -396,6 +397,7 @@ class Exporter:
             ("log-source", self._source),
             ("poller", lambda: self.poller.run(self.stop)),
             ("health-poller", lambda: self.poller.run_health(self.stop)),
+            *([("metrics-poller", lambda: self.poller.run_metrics(self.stop))] if self.cfg.llama.poll_metrics else []),
             ("http", self.httpd.serve_forever),
         ):
             t = threading.Thread(target=target, name=name, daemon=True)
@@ -430,7 +432,8 @@ class Exporter:
     def not_running(self) -> list[str]:
         """Threads that should run and do not (for /-/ready). A log source that ended because
         its input ended (standard input closed) is not a failure."""
-        dead = [t.name for t in self.threads if t.name in ("pipeline", "poller", "health-poller") and not t.is_alive()]
+        watched = ("pipeline", "poller", "health-poller", "metrics-poller")
+        dead = [t.name for t in self.threads if t.name in watched and not t.is_alive()]
         if self._source_failed:
             dead.append("log-source")
         elif self._follower is not None and self._follower.open_error is not None:

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from .records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
@@ -237,9 +238,12 @@ class PollerMetrics:
 
     def __init__(self, registry: CollectorRegistry | None) -> None:
         r = registry
-        self.up = Gauge(
-            "llamacpp_up", "Whether the last request to this llama-server endpoint succeeded.", ["endpoint"], registry=r
-        )
+        # endpoint -> 1/0 of its last request; a request still waiting past its deadline is 0
+        self.last_up: dict[str, float] = {}
+        self.in_flight: dict[str, float] = {}  # endpoint -> monotonic start of the request now waiting
+        self.verdict_seconds = 2.0  # set by the poller: its timeout
+        if r is not None:
+            r.register(_UpCollector(self))
         self.scrape_errors = Counter(
             "llamacpp_exporter_scrape_errors", "Failed requests to llama-server endpoints.", ["endpoint"], registry=r
         )
@@ -283,6 +287,37 @@ class PollerMetrics:
             self.scrape_errors.labels(e)
 
 
+class _UpCollector(Collector):
+    """``llamacpp_up`` at scrape time: an endpoint whose request has been waiting longer than
+    the poller's timeout is down now, not when the request finally ends (a server that answers
+    a byte a second, or a task that holds /slots for a minute)."""
+
+    def __init__(self, m: PollerMetrics) -> None:
+        self.m = m
+
+    def describe(self) -> Iterable[Metric]:
+        yield GaugeMetricFamily("llamacpp_up", _UP_HELP, labels=["endpoint"])
+
+    def collect(self) -> Iterable[Metric]:
+        m = self.m
+        f = GaugeMetricFamily("llamacpp_up", _UP_HELP, labels=["endpoint"])
+        now = time.monotonic()
+        started = dict(m.in_flight)
+        for endpoint in sorted(set(m.last_up) | set(started)):
+            overdue = endpoint in started and now - started[endpoint] > m.verdict_seconds
+            if overdue:
+                f.add_metric([endpoint], 0.0)
+            elif endpoint in m.last_up:
+                f.add_metric([endpoint], m.last_up[endpoint])
+        yield f
+
+
+_UP_HELP = (
+    "Whether the last request to this llama-server endpoint succeeded within the timeout (0 while one "
+    "has waited longer)."
+)
+
+
 class ServerPoller:
     """Background poller of llama-server. Thread-safe; results are delivered through
     ``on_snapshot`` / ``on_adapters`` and kept for the scrape-time collector."""
@@ -312,6 +347,7 @@ class ServerPoller:
         self.poll_slots = poll_slots
         self.poll_metrics = poll_metrics
         self.metrics = PollerMetrics(registry)
+        self.metrics.verdict_seconds = timeout
         self.on_snapshot = on_snapshot
         self.on_adapters = on_adapters
         self.connect_timeout = min(timeout, 1.0)
@@ -326,6 +362,7 @@ class ServerPoller:
         # a router (llama-server --models-preset/--models-dir): the models loaded at the last
         # /models poll; its /slots, /metrics and /lora-adapters are per model. None: a plain server
         self.models: list[str] | None = None
+        self.metrics_on_own_thread = False  # run_metrics polls /metrics (the exporter's threads)
         self._woken_models: set[str] = set()
 
     def request_slots_poll(self, until_prefill_started: bool = False, model: str = "") -> None:
@@ -365,6 +402,7 @@ class ServerPoller:
         timeout = httpx.Timeout(deadline, connect=self.connect_timeout)
         cap = MAX_ANSWER_BYTES.get(endpoint, 1 << 20)
         r: _Answer | None = None
+        self.metrics.in_flight[endpoint] = t0
         url, params = (path, None) if isinstance(path, str) else path
         try:
             with self.client.stream("GET", url, params=params, timeout=timeout) as resp:
@@ -386,7 +424,8 @@ class ServerPoller:
         if ok:
             self.metrics.last_success.labels(endpoint).set(time.time())
         self.metrics.scrape_duration.labels(endpoint).set(time.monotonic() - t0)
-        self.metrics.up.labels(endpoint).set(1 if ok else 0)
+        self.metrics.last_up[endpoint] = 1.0 if ok else 0.0
+        self.metrics.in_flight.pop(endpoint, None)
         if endpoint == "health":
             # llama-server answers 503 on every path until the model is loaded
             self.metrics.loading.set(1 if r is not None and r.status_code == 503 else 0)
@@ -489,12 +528,22 @@ class ServerPoller:
                 log.exception("polling llama-server's /health failed")
             stop.wait(self.interval)
 
-    def poll_all_once(self, include_health: bool = True) -> None:
+    def run_metrics(self, stop: threading.Event) -> None:
+        """/metrics on its own thread: a slow /metrics never delays /slots (nor the reverse)."""
+        while not stop.is_set():
+            try:
+                self.poll_metrics_once()
+            except Exception:
+                log.exception("polling llama-server's /metrics failed")
+                self.metrics.scrape_errors.labels("metrics").inc()
+            stop.wait(self.interval)
+
+    def poll_all_once(self, include_health: bool = True, include_metrics: bool = True) -> None:
         if include_health:
             self.poll_health_once()
         if self.models is not None:
             self._discover_router()  # which models are loaded now
-        if self.poll_metrics:
+        if self.poll_metrics and include_metrics:
             self.poll_metrics_once()
         if time.monotonic() >= self._next_adapters:  # the global scales rarely change
             ok = True
@@ -516,7 +565,7 @@ class ServerPoller:
             now = time.monotonic()
             if now >= next_full:
                 try:
-                    self.poll_all_once(include_health=False)
+                    self.poll_all_once(include_health=False, include_metrics=not self.metrics_on_own_thread)
                 except Exception:  # a bug here must not stop polling and freeze every value
                     log.exception("polling llama-server failed")
                     self.metrics.scrape_errors.labels("health").inc()
