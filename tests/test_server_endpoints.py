@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -588,3 +589,26 @@ def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing():
         slots_json(body)
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
     assert grown_mib < 100, grown_mib
+
+
+@pytest.mark.integration
+def test_an_exporter_thread_that_dies_ends_the_process_to_be_restarted(tmp_path):
+    # fault injection: the poller's loop raising past its own guard (a bug); the process must
+    # not live on with frozen values
+    script = (
+        "import sys, llamacpp_exporter.server as s\n"
+        "def broken(self, stop):\n"
+        "    raise RuntimeError('injected fault')\n"
+        "s.ServerPoller.run = broken\n"
+        "from llamacpp_exporter.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", script, "--llama.url", f"http://127.0.0.1:{free_port()}"]
+        + ["--web.listen-address", f"127.0.0.1:{free_port()}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert res.returncode == 3, res.stderr[-2000:]
+    assert "stopped unexpectedly: poller" in res.stderr

@@ -429,6 +429,13 @@ class Exporter:
                 log.warning("cannot save the log position to %s: %s", self.position_path, e.strerror)
                 self._position_error_logged = True
 
+    def dead_threads(self) -> list[str]:
+        """Threads that ended although they should run for the process's life (a log source
+        that ended with its input, standard input closed, is not one)."""
+        watched = ("pipeline", "poller", "health-poller", "metrics-poller", "http")
+        dead = [t.name for t in self.threads if t.name in watched and not t.is_alive()]
+        return dead + (["log-source"] if self._source_failed else [])
+
     def not_running(self) -> list[str]:
         """Threads that should run and do not (for /-/ready). A log source that ended because
         its input ended (standard input closed) is not a failure."""
@@ -491,7 +498,14 @@ def run(cfg: Config) -> int:
     signal.signal(signal.SIGINT, _signal)
     signal.signal(signal.SIGHUP, _reopen)
     # When standard input ends the exporter keeps serving its final metrics until stopped.
-    done.wait()
+    while not done.wait(1.0):
+        dead = exp.dead_threads()
+        if dead:
+            # a thread that cannot go on: frozen values would look like a quiet server. End,
+            # non-zero, so that the supervisor (systemd, Kubernetes, compose) starts it again
+            log.error("exporter thread(s) stopped unexpectedly: %s; exiting to be restarted", ", ".join(dead))
+            exp.shutdown()
+            return 3
     log.info("shutting down")
     exp.shutdown()
     return 0
