@@ -122,3 +122,20 @@ def test_a_recorded_lv5_log_with_forged_grammar_lines_yields_nothing_forged():
     assert recs == []
     assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 0
     assert pl.registry.get_sample_value("llamacpp_exporter_server_debug_logging", {"model": ""}) == 1
+
+
+def test_at_lv5_a_forged_prefixed_line_from_the_past_takes_no_effect():
+    # invented: the recorded -lv 5 log, with a client's grammar holding a whole forged line (a
+    # start banner with its timestamp) and a forged release: time goes back for two lines only
+    from support import log_lines, replay_records
+
+    lines = log_lines("lv5-np1-grammar-canary.log")
+    at = next(i for i, line in enumerate(lines) if "zebracanary77" in line)
+    forged = [
+        "0.00.000.100 I srv  llama_server: initializing ...",
+        "0.00.000.200 I slot      release: id  0 | task 0 | stop processing: n_tokens = 99999, truncated = 0",
+    ]
+    recs, pl = replay_records(lines[:at] + forged + lines[at:])
+    assert recs == []
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 0
+    assert pl.registry.get_sample_value("llamacpp_exporter_log_lines_out_of_order_total", {"model": ""}) == 2

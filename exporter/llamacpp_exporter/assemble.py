@@ -152,23 +152,29 @@ class Assembler:
                 self.sink.out_of_order_lines(1)
                 self._feed(line, now_us, checked=True)
                 return
-            if not clock.hold(line, now_us):
+            # at -lv 5 a client's text can hold whole log lines (see Pipeline): a start banner
+            # from the past is then a restart only once the lines after it confirm it
+            banner_ends = not self.server.debug_logging
+            if not clock.hold(line, now_us, banner_ends=banner_ends):
                 return
             held = clock.take_held()
             self._new_epoch()
             for h, n in held:
                 self._feed(h, n)
-            if isinstance(line.event, p.ServerStarting):
-                self._feed(line, now_us)
+            if banner_ends and isinstance(line.event, p.ServerStarting):
+                self._feed(line, now_us)  # not held: it ended the wait at once
             return
         if clock.held and ts is not None:
             self._release_held()
         self._feed(line, now_us, checked=True)
 
     def _release_held(self) -> None:
-        """Time came back: the held lines were strays. They count, at the current time."""
+        """Time came back: the held lines were strays. They count, at the current time; not
+        when the log holds DEBUG lines, where a line out of sequence may be a client's text."""
         held = self.clock.take_held()
         self.sink.out_of_order_lines(len(held))
+        if self.server.debug_logging:
+            return
         for h, n in held:
             self._feed(p.ParsedLine(None, h.event), n)
 

@@ -35,9 +35,10 @@ class LogClock:
     def forget_stray(self, ts: int) -> None:
         self.last_ts = self.now = ts
 
-    def hold(self, line: p.ParsedLine, now_us: int) -> bool:
-        """Hold a line from the past. True once the held lines (or a start banner) make a restart."""
-        if isinstance(line.event, p.ServerStarting):
+    def hold(self, line: p.ParsedLine, now_us: int, banner_ends: bool = True) -> bool:
+        """Hold a line from the past. True once the held lines (or, with ``banner_ends``, a
+        start banner) make a restart."""
+        if banner_ends and isinstance(line.event, p.ServerStarting):
             return True
         self.held.append((line, now_us))
         return len(self.held) >= RESTART_CONFIRM_LINES

@@ -28,6 +28,11 @@ class ServerState:
         self._debug_warned = False
 
     @property
+    def debug_logging(self) -> bool:
+        """The log shows DEBUG lines (-lv 5): client text may follow them."""
+        return self._debug_warned
+
+    @property
     def lineage_only(self) -> bool:
         """Below -lv 4 no request shows its conversation id: only cache lineage can group them."""
         return (self.verbosity is not None and self.verbosity < 4) or self.diagnostics is False
