@@ -300,3 +300,28 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path):
         f"{sum(r['conversation_source'] == 'header' for _, r in pairs)} of 8 chats named, 0 wrong"
     )
     Path(tmp_path / "summary.json").write_text(json.dumps({"named": len(named)}))
+
+
+def test_a_task_that_skips_the_ram_cache_at_an_lru_selection_is_kept_out_of_its_figures():
+    # invented from a recorded log: one LRU selection's RAM-cache update removed, as llama-server
+    # logs an infill request (it caches prompts of completion tasks only, server-context.cpp
+    # get_available_slot); the other requests keep their outcomes
+    lines = log_lines("lv4-np2-text.log")
+    clean, _ = replay_records(lines)
+    with_outcome = {r.task for r in clean if r.outcome is not None and r.path == "ram"}
+    first_update = next(i for i, line in enumerate(lines) if "updating prompt cache" in line)
+    for at in (i for i, line in enumerate(lines) if i > first_update and "selected slot by LRU" in line):
+        launch = next(i for i in range(at, len(lines)) if "processing task" in lines[i])
+        task = int(lines[launch].split("| task ")[1].split()[0])
+        if task in with_outcome:
+            break
+    start = next(i for i in range(at, len(lines)) if "updating prompt cache" in lines[i])
+    end = next(i for i in range(start, len(lines)) if "prompt cache update took" in lines[i])
+    assert start < launch and end < launch
+    recs, _ = replay_records(lines[:start] + lines[end + 1 :])
+    changed = {r.task: r for r in recs}
+    assert changed[task].outcome is None and changed[task].path == "ram" and not changed[task].ram_consulted
+    assert any(r.task == task and r.outcome is not None for r in clean)
+    assert [(r.task, r.outcome) for r in recs if r.task != task] == [
+        (r.task, r.outcome) for r in clean if r.task != task
+    ]

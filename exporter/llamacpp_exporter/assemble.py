@@ -308,6 +308,9 @@ class Assembler:
         )
         if sel is not None:
             sel.hand_over(d)
+            # an LRU selection without a RAM-cache update where the server updates it at every
+            # one: a task that does not use the RAM cache (infill), kept out of its figures
+            d.ram_unused = sel.method == "lru" and not sel.ram_consulted and self.cache.in_use
         # whose state the prompt was compared with: the restored entry's task, else the slot's
         d.state_source_task = (d.entry_source[1] if d.entry_source else None) if d.ram_restored else s.last_task
         if kind != "completion":

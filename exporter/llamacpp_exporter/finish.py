@@ -148,7 +148,7 @@ class Finisher:
         wasted = max(0, offered - d.reused_tokens) if offered is not None and d.reused_tokens is not None else None
         outcome = miss_cause = None
         takeover = False
-        if d.prompt_tokens and d.reused_tokens is not None and d.kind == "completion":
+        if d.prompt_tokens and d.reused_tokens is not None and d.kind == "completion" and not d.ram_unused:
             outcome = classify.outcome(
                 d.prompt_tokens, d.reused_tokens, st.min_prompt_tokens, st.hit_ratio, st.miss_ratio
             )

@@ -79,6 +79,9 @@ class PromptCacheLog:
         self.on_diagnostics = on_diagnostics  # a cache line proves -lv 4
         self.selection: Selection | None = None  # the selection the lines belong to
         self.source: Source | None = None  # the content being saved
+        # this process updates its RAM cache at LRU selections (-lv 4): one that does not is a
+        # task that never uses it (llama-server caches prompts of completion tasks only; infill)
+        self.in_use = False
 
     # ------------------------------------------------------------ context
     def selected(self, sel: Selection, source: Source | None) -> None:
@@ -116,6 +119,7 @@ class PromptCacheLog:
 
     # ------------------------------------------------------------ lines
     def update_started(self, ev: p.CacheUpdateStarted) -> None:
+        self.in_use = True
         if self.selection is not None:
             self.selection.ram_consulted = True
             self.selection.candidates = []

@@ -101,6 +101,7 @@ class TaskDraft:
     is_child: bool = False  # a child task of an n > 1 request
     kind: str = "completion"
     choices: int = 1
+    ram_unused: bool = False  # selected by LRU on a server whose RAM cache is in use, without consulting it
     path: str = "unknown"
     prompt_tokens: int | None = None
     reused_tokens: int | None = None
