@@ -325,3 +325,34 @@ def test_a_task_that_skips_the_ram_cache_at_an_lru_selection_is_kept_out_of_its_
     assert [(r.task, r.outcome) for r in recs if r.task != task] == [
         (r.task, r.outcome) for r in clean if r.task != task
     ]
+
+
+@pytest.mark.real_server
+def test_real_rerank_tasks_are_counted_apart_never_as_cancelled(parts, tmp_path):
+    binary, model, lora = parts
+    srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--reranking"]).start()
+    exp = None
+    try:
+        exp = ExporterProcess(
+            ["--llama.url", srv.url, "--llama.log-path", str(srv.log_path), "--llama.log-from-start"]
+            + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
+            tmp_path / "exporter",
+        ).start()
+        docs = 0
+        with httpx.Client(base_url=srv.url, timeout=300) as c:
+            for i in range(3):
+                body = {"query": f"question {i}", "documents": [f"answer {i}-{j} about it" for j in range(3)]}
+                r = c.post("/v1/rerank", json=body)
+                r.raise_for_status()
+                docs += len(r.json()["results"])
+        recs = wait_records(tmp_path / "events.jsonl", docs, timeout=60)
+        text = exp.metrics_text()
+    finally:
+        if exp is not None:
+            exp.stop()
+        srv.stop()
+    print(f"rerank: {len(recs)} records for {docs} documents")
+    assert len(recs) == docs and all(r["kind"] == "embedding" and not r["cancelled"] for r in recs)
+    assert samples(text, "llamacpp_embedding_tasks_total")[()] == docs
+    assert sum(samples(text, "llamacpp_requests_cancelled_total").values()) == 0
+    assert sum(samples(text, "llamacpp_requests_total").values()) == 0
