@@ -140,6 +140,15 @@ def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list, l
                 )  # fmt: skip
 
 
+def _following(srv: LlamaServer, tmp_path: Path) -> ExporterProcess:
+    """The exporter on a server's log from its start, writing its events file, polling fast."""
+    return ExporterProcess(
+        ["--llama.url", srv.url, "--llama.log-path", str(srv.log_path), "--llama.log-from-start"]
+        + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
+        tmp_path / "exporter",
+    ).start()
+
+
 def _loaded(url: str) -> set[str]:
     data = httpx.get(url + "/models", timeout=10).json()["data"]
     return {m["id"] for m in data if m.get("status", {}).get("value") == "loaded"}
@@ -225,11 +234,7 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path):
     srv.start()
     exp = None
     try:
-        exp = ExporterProcess(
-            ["--llama.url", srv.url, "--llama.log-path", str(srv.log_path), "--llama.log-from-start"]
-            + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
-            tmp_path / "exporter",
-        ).start()
+        exp = _following(srv, tmp_path)
         rows: list[dict] = []
         lock = threading.Lock()
         inputs = [0, 0]
@@ -333,11 +338,7 @@ def test_real_rerank_tasks_are_counted_apart_never_as_cancelled(parts, tmp_path)
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--reranking"]).start()
     exp = None
     try:
-        exp = ExporterProcess(
-            ["--llama.url", srv.url, "--llama.log-path", str(srv.log_path), "--llama.log-from-start"]
-            + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
-            tmp_path / "exporter",
-        ).start()
+        exp = _following(srv, tmp_path)
         docs = 0
         with httpx.Client(base_url=srv.url, timeout=300) as c:
             for i in range(3):

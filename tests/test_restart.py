@@ -15,6 +15,16 @@ pytestmark = pytest.mark.integration
 LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 
 
+def _setup(tmp_path: Path) -> tuple[list[str], Path, Path, list[str]]:
+    """The recorded log's lines, an empty log the test writes them into, the events file, and
+    the exporter's arguments (no llama-server to poll)."""
+    log, events = tmp_path / "llama.log", tmp_path / "events.jsonl"
+    log.write_text("")
+    args = ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
+    args += ["--events.path", str(events), "--no-llama.slots"]
+    return LOG.read_text().splitlines(keepends=True), log, events, args
+
+
 def tasks(events: Path) -> list[tuple[int, int]]:
     # proof lines (a conversation proven after its record) name a record written before
     return [(r["epoch"], r["task"]) for r in map(json.loads, events.read_text().splitlines()) if "proof" not in r]
@@ -22,11 +32,7 @@ def tasks(events: Path) -> list[tuple[int, int]]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
 def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path, sig):
-    lines = LOG.read_text().splitlines(keepends=True)
-    log, events = tmp_path / "llama.log", tmp_path / "events.jsonl"
-    log.write_text("")
-    args = ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
-    args += ["--events.path", str(events), "--no-llama.slots"]
+    lines, log, events, args = _setup(tmp_path)
 
     def write(part: list[str]) -> None:
         with open(log, "a") as fh:
@@ -64,11 +70,7 @@ def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path, sig):
 
 
 def test_killed_three_times_while_the_log_is_written_every_request_is_counted_once(tmp_path):
-    lines = LOG.read_text().splitlines(keepends=True)
-    log, events = tmp_path / "llama.log", tmp_path / "events.jsonl"
-    log.write_text("")
-    args = ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
-    args += ["--events.path", str(events), "--no-llama.slots"]
+    lines, log, events, args = _setup(tmp_path)
     cuts = [len(lines) * i // 4 for i in range(5)]
     position = tmp_path / "events.jsonl.log-position"
     for run in range(4):
@@ -93,11 +95,7 @@ def test_killed_three_times_while_the_log_is_written_every_request_is_counted_on
 
 
 def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path):
-    lines = LOG.read_text().splitlines(keepends=True)
-    log, events = tmp_path / "llama.log", tmp_path / "events.jsonl"
-    log.write_text("")
-    args = ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
-    args += ["--events.path", str(events), "--no-llama.slots"]
+    lines, log, events, args = _setup(tmp_path)
     exp = ExporterProcess(args, tmp_path / "a").start()
     exp.wait_following()
     half = len(lines) // 2

@@ -521,21 +521,19 @@ class ServerPoller:
 
     def run_health(self, stop: threading.Event) -> None:
         """/health on its own thread: a slow /slots or /metrics never delays it."""
-        while not stop.is_set():
-            try:
-                self.poll_health_once()
-            except Exception:
-                log.exception("polling llama-server's /health failed")
-            stop.wait(self.interval)
+        self._run_alone(stop, "health", self.poll_health_once)
 
     def run_metrics(self, stop: threading.Event) -> None:
         """/metrics on its own thread: a slow /metrics never delays /slots (nor the reverse)."""
+        self._run_alone(stop, "metrics", self.poll_metrics_once)
+
+    def _run_alone(self, stop: threading.Event, endpoint: str, poll: Callable[[], None]) -> None:
         while not stop.is_set():
             try:
-                self.poll_metrics_once()
-            except Exception:
-                log.exception("polling llama-server's /metrics failed")
-                self.metrics.scrape_errors.labels("metrics").inc()
+                poll()
+            except Exception:  # counted; the next interval polls again
+                log.exception("polling llama-server's /%s failed", endpoint)
+                self.metrics.scrape_errors.labels(endpoint).inc()
             stop.wait(self.interval)
 
     def poll_all_once(self, include_health: bool = True, include_metrics: bool = True) -> None:
