@@ -529,15 +529,11 @@ def overview() -> dict[str, Any]:
         timeseries(
             "Requests by model",
             "Completed requests and embedding tasks per second by model (a llama-server router's models; one "
-            "unnamed series for a plain server), and requests that waited for their model to load.",
+            "unnamed series for a plain server).",
             "reqps",
             [
                 (f"sum by (model) (rate(llamacpp_requests_total{{{S}}}[{RI}]))", "{{model}} requests"),
                 (f"sum by (model) (rate(llamacpp_embedding_tasks_total{{{S}}}[{RI}]))", "{{model}} embedding tasks"),
-                (
-                    f"sum by (model) (rate(llamacpp_router_requests_queued_total{{{S}}}[{RI}]))",
-                    "{{model}} waited for its load",
-                ),
             ],
         ),
         6,

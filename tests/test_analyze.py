@@ -601,3 +601,21 @@ def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_co
     assert (by_task[7]["conversation"], by_task[7]["conversation_source"]) == ("c0123456789ab", "header")
     assert (by_task[8]["conversation"], by_task[8]["conversation_source"]) == (None, "uncertain")
     assert len(recs) == 2 and bad == 1
+
+
+def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records():
+    # the starved impatient-id recording: 16 conversations are proven after their record went out
+    from support import log_lines, replay
+
+    from llamacpp_exporter.conversations import Pseudonymizer
+
+    name = "lv4-np2-impatient-ids-starved.log"
+    late = replay(log_lines(name), proven=False)
+    proven = replay(log_lines(name), proven=True)
+    assert sum(r.conversation_source == "uncertain" for r in late) > sum(
+        r.conversation_source == "uncertain" for r in proven
+    )  # the case this test is about
+    recs = analyze.analyze(analyze.Inputs([str(LOGS / name)], []), pseudonymize=Pseudonymizer("test-salt")).records
+    key = lambda r: (r["slot"], r["task"])  # noqa: E731
+    got = {key(r): (r["conversation"], r["conversation_source"]) for r in recs}
+    assert got == {(r.slot, r.task): (r.conversation, r.conversation_source) for r in proven}

@@ -145,7 +145,7 @@ def read_logs(
     proofs: dict[tuple, tuple[str, str]] = {}
 
     def proven(rec: RequestRecord, conversation: str, source: str) -> None:
-        proofs[(rec.slot, rec.task, rec.start_us)] = (conversation, source)
+        proofs[(rec.model, rec.slot, rec.task, rec.start_us)] = (conversation, source)  # as _key
 
     # log time only: a replay must not expire conversation costs by the wall clock
     pl = Pipeline(
