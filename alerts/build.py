@@ -45,7 +45,8 @@ def expr(text: str) -> str:
 
 def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
     s = c["selector"]
-    w_miss = c["ram_miss_rate"]["window"]
+    w_miss, w_miss_long = c["ram_miss_rate"]["window"], c["ram_miss_rate"]["long_window"]
+    w_base = c["prefill_contention"]["baseline_window"]
     w_cont = c["prefill_contention"]["window"]
     w_rate, w_sum = c["windows"]["recorded_rate"], c["windows"]["summary"]
     rules = [
@@ -62,6 +63,14 @@ def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
             "expr": expr(q.ram_miss_ratio(s, f"{BY_M}, lora", w_miss)),
         },
         {
+            "record": f"job_instance_model_lora:llamacpp_ram_path_long_prompts:increase{w_miss_long}",
+            "expr": q.ram_long_prompts(s, f"{BY_M}, lora", w_miss_long),
+        },
+        {
+            "record": f"job_instance_model_lora:llamacpp_ram_path_miss_ratio:ratio{w_miss_long}",
+            "expr": expr(q.ram_miss_ratio(s, f"{BY_M}, lora", w_miss_long)),
+        },
+        {
             "record": f"job_instance_model_lora_result:llamacpp_prompt_cache_restores:increase{w_sum}",
             "expr": q.increase(q.RESTORES, s, w_sum, f"{BY_M}, lora, result"),
         },
@@ -76,6 +85,18 @@ def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
         {
             "record": f"job_instance_model_contention:llamacpp_time_per_output_token_seconds_count:increase{w_cont}",
             "expr": q.increase(q.TPOT + "_count", s, w_cont, f"{BY_M}, contention"),
+        },
+        {
+            "record": f"job_instance_model:llamacpp_time_per_output_token_seconds:uncontended_mean{w_base}",
+            "expr": expr(q.tpot_mean(s, BY_M, w_base, 'contention="none"')),
+        },
+        {
+            # decoding alone now, or (a saturated server decodes nothing alone) over the long window
+            "record": "job_instance_model:llamacpp_time_per_output_token_seconds:uncontended_baseline",
+            "expr": expr(
+                f"max without (contention) (job_instance_model_contention:llamacpp_time_per_output_token_seconds:mean{w_cont}"
+                f'{{contention="none"}} >= 0)\nor\njob_instance_model:llamacpp_time_per_output_token_seconds:uncontended_mean{w_base}'
+            ),
         },
         {
             "record": "job_instance_model:llamacpp_prompt_cache_usage:ratio",
@@ -113,15 +134,24 @@ def alerting_rules(c: dict[str, Any]) -> dict[str, Any]:
         alert(
             "LlamaCppRamCacheMissRateHigh",
             f"""
-job_instance_model_lora:llamacpp_ram_path_miss_ratio:ratio{m["window"]} > {m["ratio"]}
-and
-job_instance_model_lora:llamacpp_ram_path_long_prompts:increase{m["window"]} >= {m["min_requests"]}
+(
+  job_instance_model_lora:llamacpp_ram_path_miss_ratio:ratio{m["window"]} > {m["ratio"]}
+  and
+  job_instance_model_lora:llamacpp_ram_path_long_prompts:increase{m["window"]} >= {m["min_requests"]}
+)
+or
+(
+  job_instance_model_lora:llamacpp_ram_path_miss_ratio:ratio{m["long_window"]} > {m["ratio"]}
+  and
+  job_instance_model_lora:llamacpp_ram_path_long_prompts:increase{m["long_window"]} >= {m["min_requests"]}
+)
 """,
             m["for"],
             "warning",
             "Long prompts that come back through the RAM prompt cache are re-prefilled.",
             f"{{{{ $value | humanizePercentage }}}} of the RAM-path prompts of at least cache.min_prompt_tokens "
-            f"(lora={{{{ $labels.lora }}}}) missed the cache on {ON} over {m['window']}, "
+            f"(lora={{{{ $labels.lora }}}}) missed the cache on {ON} over {m['window']} "
+            f"(over {m['long_window']} when fewer than {m['min_requests']} came in {m['window']}), "
             f"with at least {m['min_requests']} such requests.",
             c,
         ),
@@ -174,8 +204,11 @@ and
             f"""
 job_instance_model_contention:llamacpp_time_per_output_token_seconds:mean{pc["window"]}{{contention="prefill"}}
   / ignoring(contention)
-job_instance_model_contention:llamacpp_time_per_output_token_seconds:mean{pc["window"]}{{contention="none"}}
+job_instance_model:llamacpp_time_per_output_token_seconds:uncontended_baseline
   > {pc["factor"]}
+and ignoring(contention)
+job_instance_model_contention:llamacpp_time_per_output_token_seconds:mean{pc["window"]}{{contention="prefill"}}
+  > {pc["min_seconds_per_token"]}
 and ignoring(contention)
 job_instance_model_contention:llamacpp_time_per_output_token_seconds_count:increase{pc["window"]}{{contention="prefill"}}
   >= {pc["min_requests"]}
@@ -184,11 +217,15 @@ job_instance_model_contention:llamacpp_time_per_output_token_seconds_count:incre
             "warning",
             "Generation slows down while other slots prefill.",
             f"On {ON} the time per output token of requests decoding during another slot's "
-            f'prefill is {{{{ $value | printf "%.1f" }}}} times that of the others over {pc["window"]}.',
+            f'prefill is {{{{ $value | printf "%.1f" }}}} times that of decoding alone over {pc["window"]} '
+            f"(alone: over {pc['baseline_window']} when nothing decoded alone in {pc['window']}), and slower than "
+            f"{1 / pc['min_seconds_per_token']:.0f} tokens/s.",
             c,
         ),
     ]
     sd, sl, ed, ea = c["server_down"], c["server_loading"], c["exporter_down"], c["exporter_absent"]
+    cl, sf, ef, tl = c["server_crash_loop"], c["server_flapping"], c["exporter_flapping"], c["exporter_target_lost"]
+    ef = {**ef, "severity": ed["severity"]}
     availability = [
         alert(
             "LlamaCppServerDown",
@@ -202,6 +239,28 @@ llamacpp_loading{{{s}}} == 1
             "llama-server does not answer.",
             "The exporter on {{ $labels.instance }} cannot reach llama-server's /health (refused, timed out or an "
             "error other than 503 loading): nothing is being served.",
+            c,
+        ),
+        alert(
+            "LlamaCppServerCrashLooping",
+            f"increase(llamacpp_exporter_server_restarts_total{{{s}}}[{cl['window']}]) >= {cl['restarts']}",
+            cl["for"],
+            cl["severity"],
+            "llama-server keeps restarting.",
+            f'llama-server behind {{{{ $labels.instance }}}} started {{{{ $value | printf "%.0f" }}}} times in '
+            f"{cl['window']} (new start banners in its log): it crashes, reloads its model and crashes again, "
+            "so it serves little or nothing while no single outage lasts long enough for LlamaCppServerDown.",
+            c,
+        ),
+        alert(
+            "LlamaCppServerFlapping",
+            f'avg_over_time(llamacpp_up{{{s}, endpoint="health"}}[{sf["window"]}]) < {sf["min_up_ratio"]}',
+            sf["for"],
+            "warning",
+            "llama-server fails its health checks on and off.",
+            f"Only {{{{ $value | humanizePercentage }}}} of the /health polls of llama-server behind "
+            f"{{{{ $labels.instance }}}} succeeded over {sf['window']} (failures or 503 while loading): it is "
+            "unavailable on and off, which restarts the for: of LlamaCppServerDown each time it answers.",
             c,
         ),
         alert(
@@ -222,6 +281,33 @@ llamacpp_loading{{{s}}} == 1
             "Prometheus cannot scrape llamacpp-exporter.",
             "The llamacpp-exporter target {{ $labels.instance }} is down: llama-server may be serving normally, "
             "but nothing about it is observed (LlamaCppServerDown cannot fire for it).",
+            c,
+        ),
+        alert(
+            "LlamaCppExporterFlapping",
+            f"avg_over_time(up{{{s}}}[{ef['window']}]) < {ef['min_up_ratio']}",
+            ef["for"],
+            ef["severity"],
+            "Prometheus scrapes llamacpp-exporter only some of the time.",
+            f"Only {{{{ $value | humanizePercentage }}}} of the scrapes of the llamacpp-exporter target "
+            f"{{{{ $labels.instance }}}} succeeded over {ef['window']}: it fails on and off (restarts, scrape "
+            "timeouts), which restarts the for: of LlamaCppExporterDown each time a scrape succeeds.",
+            c,
+        ),
+        alert(
+            "LlamaCppExporterTargetLost",
+            f"""
+max by ({BY}) (max_over_time(up{{{s}}}[{tl["window"]}]))
+unless on ({BY})
+up{{{s}}}
+""",
+            tl["for"],
+            ed["severity"],
+            "A llamacpp-exporter target has left service discovery.",
+            f"Prometheus scraped the llamacpp-exporter target {{{{ $labels.instance }}}} within the last "
+            f"{tl['window']} and no longer has it, while other targets of the job remain (LlamaCppExporterAbsent "
+            f"sees only a job with no target at all). Resolves by itself {tl['window']} after it left: silence it "
+            "if it was removed on purpose.",
             c,
         ),
         alert(
@@ -278,6 +364,35 @@ and
             "llama-server does not log at -lv 4: RAM prompt-cache diagnostics are off.",
             "llama-server behind {{ $labels.instance }} logs below -lv 4, so restores, LoRA discards and reused "
             "tokens cannot be seen. Start it with -lv 4.",
+            c,
+        ),
+    ]
+    nr, ps = c["exporter_not_ready"], c["poller_stalled"]
+    exporter += [
+        alert(
+            "LlamaCppExporterNotReady",
+            f"llamacpp_exporter_ready{{{s}}} == 0",
+            nr["for"],
+            "warning",
+            "llamacpp-exporter is not ready: part of it has stopped.",
+            "llamacpp-exporter on {{ $labels.instance }} answers /-/ready with an error: its log follower, "
+            "pipeline or poller has stopped, so some of its metrics no longer move. llama-server is not "
+            "affected. Its own log says which part and why.",
+            c,
+        ),
+        alert(
+            "LlamaCppExporterPollerStalled",
+            f"""
+(time() - llamacpp_exporter_last_success_timestamp_seconds{{{s}, endpoint="health"}}) > {ps["seconds"]}
+and on ({BY})
+llamacpp_up{{{s}, endpoint="health"}} == 1
+""",
+            ps["for"],
+            "warning",
+            "The exporter's poller has stopped: llamacpp_up is stale.",
+            "llamacpp-exporter on {{ $labels.instance }} last polled llama-server's /health successfully "
+            "{{ $value | humanizeDuration }} ago while llamacpp_up still says 1: its poller no longer runs, so "
+            "LlamaCppServerDown cannot fire and /slots, /metrics figures are frozen.",
             c,
         ),
     ]

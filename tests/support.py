@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -118,6 +119,16 @@ def exported_metric_names() -> set[str]:
     SourceStats(reg)
     suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
     names = {f.name + sfx for f in reg.collect() for sfx in suffixes.get(f.type, [""])}
+    # ... and the application's own (ready, build info), from an exporter that is not started
+    from llamacpp_exporter.app import Exporter
+    from llamacpp_exporter.config import Config
+
+    logging.getLogger("llamacpp_exporter").disabled = True  # its warning about the missing salt
+    try:
+        app = Exporter(Config())
+    finally:
+        logging.getLogger("llamacpp_exporter").disabled = False
+    names |= {f.name + sfx for f in app.registry.collect() for sfx in suffixes.get(f.type, [""])}
     for line in (ROOT / "tests" / "fixtures" / "server" / "metrics.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0].replace("llamacpp:", "llamacpp_server_"))

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -265,3 +266,78 @@ def test_the_log_is_rotated_in_both_layouts():
     # what the rotation keeps on disk stays well inside the emptyDir's sizeLimit
     size_limit = next(v for v in pod["volumes"] if v["name"] == "logs")["emptyDir"]["sizeLimit"]
     assert size_limit.endswith("Gi") and int(env["MAX_MB"]) * (1 + int(env["KEEP"])) < int(size_limit[:-2]) * 1024
+
+
+def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path):
+    """The shipped route and inhibitions in a real Alertmanager: fifty servers down at once
+    are one notification naming all fifty; a flapping alert of a server that is down is
+    inhibited, one of a server that is up is delivered. Only the receiver and the waits are
+    changed (a webhook of this test, 1 s instead of 30 s)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import httpx
+    from realserver import free_port, terminate, wait_for, wait_healthy
+
+    binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
+    assert binary, "alertmanager is missing: the test set-up installs Debian's prometheus-alertmanager"
+    notifications: list[dict] = []
+
+    class Hook(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            notifications.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    cfg = yaml.safe_load((ROOT / "deploy/alertmanager/alertmanager.yml").read_text())
+    cfg["route"].update(group_wait="1s", group_interval="1s")
+    for r in cfg["receivers"]:
+        r["webhook_configs"] = [{"url": f"http://127.0.0.1:{hook.server_address[1]}/"}]
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(cfg))
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"--config.file={tmp_path / 'am.yml'}",
+            f"--storage.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--cluster.listen-address=",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}/-/ready", 30, "alertmanager")
+
+        def alert(name: str, instance: str, severity: str) -> dict:
+            labels = {"alertname": name, "job": "llamacpp", "instance": instance, "severity": severity}
+            return {"labels": labels, "annotations": {"summary": name}}
+
+        fleet = [alert("LlamaCppServerDown", f"server-{i}:10938", "critical") for i in range(50)]
+        flapping = [alert("LlamaCppServerFlapping", i, "warning") for i in ("server-0:10938", "up-0:10938")]
+        httpx.post(f"http://127.0.0.1:{port}/api/v2/alerts", json=fleet + flapping).raise_for_status()
+
+        def delivered() -> dict[str, list[str]]:
+            out: dict[str, list[str]] = {}
+            for n in notifications:
+                out.setdefault(n["groupLabels"]["alertname"], []).extend(a["labels"]["instance"] for a in n["alerts"])
+            return out
+
+        wait_for(
+            lambda: len(delivered().get("LlamaCppServerDown", [])) == 50 and "LlamaCppServerFlapping" in delivered(),
+            "the outage's and the flapping server's notifications",
+            30,
+        )
+        time.sleep(3)  # a few group_intervals: a second notification would have come by now
+        down = [n for n in notifications if n["groupLabels"]["alertname"] == "LlamaCppServerDown"]
+        assert len(down) == 1 and len(down[0]["alerts"]) == 50
+        assert down[0]["groupLabels"] == {"alertname": "LlamaCppServerDown", "job": "llamacpp"}
+        assert delivered()["LlamaCppServerFlapping"] == ["up-0:10938"]  # server-0's is inhibited: it is down
+    finally:
+        terminate(proc)
+        hook.shutdown()

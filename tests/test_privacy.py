@@ -139,3 +139,21 @@ def test_at_lv5_a_forged_prefixed_line_from_the_past_takes_no_effect():
     assert recs == []
     assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 0
     assert pl.registry.get_sample_value("llamacpp_exporter_log_lines_out_of_order_total", {"model": ""}) == 2
+
+
+def test_a_restart_at_lv4_after_a_run_at_lv5_ends_the_debug_logging_warning():
+    # real logs: the recorded -lv 5 run, then a recorded -lv 4 run appended to the same file (a
+    # restart with the verbosity lowered); the warning is about the server that runs now
+    from support import log_lines, replay_records
+
+    lv5 = log_lines("lv5-np1-grammar-canary.log")
+    lv4 = log_lines("lv4-np1-cancelled.log")
+    _, pl = replay_records(lv5)
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_debug_logging", {"model": ""}) == 1
+    recs, pl = replay_records(lv5 + lv4)
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 1
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_debug_logging", {"model": ""}) == 0
+    assert recs and pl.registry.get_sample_value("llamacpp_exporter_server_log_verbosity", {"model": ""}) == 4
+    # ... and a restart back to -lv 5 warns again
+    _, pl = replay_records(lv5 + lv4 + lv5)
+    assert pl.registry.get_sample_value("llamacpp_exporter_server_debug_logging", {"model": ""}) == 1

@@ -129,6 +129,7 @@ class Assembler:
         self.finisher.finish_all()
         self.epoch += 1
         self._reset_epoch_state()
+        self.server.run_started()
         self.sink.server_restart()
 
     def flush(self, running: bool = True) -> None:

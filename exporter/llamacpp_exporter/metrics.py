@@ -386,7 +386,8 @@ class LogMetrics:
         )
         self.debug_logging = Gauge(
             "llamacpp_exporter_server_debug_logging",
-            "1 when llama-server logs DEBUG lines (-lv 5 / -v), which contain prompt text. The exporter drops them.",
+            "1 while the running llama-server logs DEBUG lines (-lv 5 / -v), which contain prompt text (the exporter drops "
+            "them); 0 again once it restarts without them.",
             m,
             registry=r,
         )
@@ -523,6 +524,9 @@ class LogMetrics:
 
     def debug_logging_seen(self, model: str) -> None:
         self.debug_logging.labels(model).set(1)
+
+    def debug_logging_ended(self, model: str) -> None:
+        self.debug_logging.labels(model).set(0)
 
 
 class _LineCollector(Collector):

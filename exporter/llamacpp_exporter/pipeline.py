@@ -161,6 +161,10 @@ class _Facts:
         else:
             log.info("llama-server%s logs at -lv 4: RAM prompt-cache diagnostics available", self._of)
 
+    def debug_logging_ended(self) -> None:
+        self.metrics.debug_logging_ended(self.model)
+        log.info("llama-server%s restarted without DEBUG lines: its new log lines hold no prompt text", self._of)
+
     def debug_logging_seen(self) -> None:
         self.metrics.debug_logging_seen(self.model)
         log.warning(

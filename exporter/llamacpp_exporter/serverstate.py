@@ -14,6 +14,7 @@ class ServerSink(Protocol):
     def diagnostics(self, available: bool, verbosity: int | None) -> None: ...
     def slots_known(self, slot_ids: list[int]) -> None: ...
     def debug_logging_seen(self) -> None: ...
+    def debug_logging_ended(self) -> None: ...
     def server_build(self, number: int, commit: str) -> None: ...
 
 
@@ -44,8 +45,11 @@ class ServerState:
             self.on_change()
 
     def verbosity_read(self, ev: p.Verbosity) -> None:
+        changed = self.verbosity is not None and self.verbosity != ev.level
         self.verbosity = ev.level
         self.on_change()
+        if changed and self.diagnostics == (ev.level >= 4):
+            self.sink.diagnostics(ev.level >= 4, ev.level)  # restarted at another level: the gauge follows
         self.set_diagnostics(ev.level >= 4)
         if ev.level >= 5:
             self.debug_seen(p.DebugLine())
@@ -54,6 +58,13 @@ class ServerState:
         if not self._debug_warned:
             self._debug_warned = True
             self.sink.debug_logging_seen()
+
+    def run_started(self) -> None:
+        """A new server run (a restart): whether it logs DEBUG lines is its own, told by its
+        banner's verbosity or its first DEBUG line, so a restart at -lv 4 ends the warning."""
+        if self._debug_warned:
+            self._debug_warned = False
+            self.sink.debug_logging_ended()
 
     def build(self, ev: p.ServerBuild) -> None:
         self.sink.server_build(ev.number, ev.commit)
