@@ -46,6 +46,12 @@ EXPECTED_EMPTY = {
     "rule LlamaCppServerLogsPrompts": "every server runs at -lv 4",
     "rule LlamaCppSlotsUnreachable": "/slots answers on every server",
     "rule LlamaCppEventsWriteErrors": "the exporters write no events file here",
+    "rule LlamaCppServerCrashLooping": "no server restarts in this run",
+    "rule LlamaCppServerFlapping": "every server answers every /health poll",
+    "rule LlamaCppExporterFlapping": "every scrape succeeds",
+    "rule LlamaCppExporterTargetLost": "no target leaves",
+    "rule LlamaCppExporterNotReady": "every exporter is ready",
+    "rule LlamaCppExporterPollerStalled": "every poller runs",
 }
 EXPECTED_EMPTY["dashboard llamacpp-contention / annotation Prefills above 4096 tokens"] = (
     "no prefill of more than 4096 tokens in this run (the long-prefill test is test_conversations_real.py)"
