@@ -149,6 +149,22 @@ def test_kubernetes_sidecar_wiring():
     assert {g["name"] for g in rule["spec"]["groups"]} >= {"llamacpp.rules", "llamacpp.prompt-cache"}
 
 
+def test_monitoring_never_gates_serving_in_kubernetes():
+    """A pod is Ready only when every container is: a readiness probe on a sidecar would take
+    llama-server out of its Service when the exporter or the rotation fails."""
+    (dep,) = _kind("Deployment")
+    containers = {c["name"]: c for c in dep["spec"]["template"]["spec"]["containers"]}
+    assert containers["llama-server"]["readinessProbe"]["httpGet"]["path"] == "/health"
+    for side in ("exporter", "log-rotate"):
+        assert "readinessProbe" not in containers[side], side
+        assert "livenessProbe" in containers[side], side
+    assert containers["exporter"]["livenessProbe"]["httpGet"]["path"] == "/-/healthy"
+    # the exporter's readiness is alerted instead
+    alerts = yaml.safe_load((ROOT / "alerts/llamacpp-alerts.yaml").read_text())
+    exprs = {r["alert"]: r["expr"] for g in alerts["groups"] for r in g["rules"]}
+    assert "llamacpp_exporter_ready" in exprs["LlamaCppExporterNotReady"]
+
+
 # ---------------------------------------------------------------- real validators
 CACHE = Path(
     os.environ.get(
@@ -230,7 +246,7 @@ def test_compose_publishes_on_loopback_and_waits_for_healthy_dependencies():
     for name, svc in SERVICES.items():
         for p in svc.get("ports", []):
             assert p.startswith("${PUBLISH_ADDRESS:-127.0.0.1}:"), f"{name}: {p}"
-    for name in ("llama-server", "exporter", "prometheus", "alertmanager", "grafana"):
+    for name in SERVICES:  # every service, as the README says
         assert SERVICES[name]["healthcheck"]["test"][0] == "CMD", name
     assert SERVICES["llama-server"]["healthcheck"]["start_period"] == "10m"
     assert SERVICES["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
@@ -341,3 +357,60 @@ def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path):
     finally:
         terminate(proc)
         hook.shutdown()
+
+
+def _busybox_path(tmp_path: Path) -> dict[str, str]:
+    """An environment whose commands are busybox's applets, as in the sidecar's image."""
+    busybox = shutil.which("busybox")
+    assert busybox, "busybox is missing: the test set-up installs Debian's busybox"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for applet in ("sh", "stat", "du", "cut", "dd", "tr", "gzip", "mv", "cat", "touch", "sleep", "find", "grep", "wc", "tail"):
+        (bin_dir / applet).symlink_to(busybox)
+    return {"PATH": str(bin_dir)}
+
+
+def test_rotate_sh_never_reads_the_hole_a_truncated_log_leaves(tmp_path):
+    """llama-server writes on at its old offset after the copytruncate: the log is a hole of
+    several GB and then the new lines. rotate.sh must copy only those lines, without reading
+    the hole (wc -c and busybox's tail did: 82 s and a core for 20 GB; tail fails above 4 GiB)."""
+    import gzip
+    import resource
+
+    log = tmp_path / "llama-server.log"
+    hole = 8 << 30
+    with open(log, "wb") as f:
+        f.truncate(hole)  # what the last rotation left: no disk used
+        f.seek(hole)
+        new = b"".join(b"0.01.%06d I srv  update_slots: all slots are idle\n" % i for i in range(20000))
+        f.write(new)
+    (tmp_path / "llama-server.log.rotated-at").write_text(f"{hole}\n")
+    env = {**_busybox_path(tmp_path), "LOG": str(log), "MAX_MB": "0", "KEEP": "3"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    subprocess.run(["sh", str(ROOT / "deploy/logrotate/rotate.sh"), "--once"], check=True, env=env)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"rotate.sh on an 8 GiB hole + {len(new)} bytes: {wall:.2f} s wall, {cpu:.2f} s CPU")
+    assert gzip.decompress((tmp_path / "llama-server.log.1.gz").read_bytes()) == new
+    assert log.stat().st_size == 0
+    assert (tmp_path / "llama-server.log.rotated-at").read_text().strip() == str(hole + len(new))
+    # reading 8 GiB of zeros costs seconds of CPU on any machine; seeking past them, hundredths
+    assert cpu < 1.0, f"{cpu:.2f} s of CPU: the hole was read"
+
+
+def test_the_log_rotate_health_check_sees_a_stopped_rotation(tmp_path):
+    log = tmp_path / "llama-server.log"
+    log.write_bytes(b"x\n")
+    env = {**_busybox_path(tmp_path), "LOG": str(log), "MAX_MB": "100"}
+    subprocess.run(["sh", str(ROOT / "deploy/logrotate/rotate.sh"), "--once"], check=True, env=env)
+    check = SERVICES["log-rotate"]["healthcheck"]["test"][1:]
+    check = [a.replace("/logs/", f"{tmp_path}/") for a in check]
+    assert subprocess.run(check, env=env).returncode == 0
+    old = time.time() - 600  # the loop stopped ten minutes ago
+    os.utime(tmp_path / "llama-server.log.checked", (old, old))
+    assert subprocess.run(check, env=env).returncode != 0
+    (dep,) = _kind("Deployment")
+    side = next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "log-rotate")
+    assert side["livenessProbe"]["exec"]["command"] == SERVICES["log-rotate"]["healthcheck"]["test"][1:]
