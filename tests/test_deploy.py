@@ -378,7 +378,23 @@ def _busybox_path(tmp_path: Path) -> dict[str, str]:
     assert busybox, "busybox is missing: the test set-up installs Debian's busybox"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for applet in ("sh", "stat", "du", "cut", "dd", "tr", "gzip", "mv", "cat", "touch", "sleep", "find", "grep", "wc", "tail"):
+    for applet in (
+        "sh",
+        "stat",
+        "du",
+        "cut",
+        "dd",
+        "tr",
+        "gzip",
+        "mv",
+        "cat",
+        "touch",
+        "sleep",
+        "find",
+        "grep",
+        "wc",
+        "tail",
+    ):
         (bin_dir / applet).symlink_to(busybox)
     return {"PATH": str(bin_dir)}
 

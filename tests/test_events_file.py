@@ -41,3 +41,54 @@ def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path):
     lines = data.decode().splitlines()
     assert [json.loads(line)["task"] for line in lines] == list(range(len(lines)))  # every line whole
     assert len(lines) == written and written + errors == 100 and errors > 0
+
+
+def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.pipeline import EventsFile, events_files, written_records
+    from llamacpp_exporter.records import RequestRecord
+
+    path = tmp_path / "events.jsonl"
+    reg = CollectorRegistry()
+    ev = EventsFile(str(path), reg, max_bytes=8192, max_files=3)
+    for i in range(200):
+        ev.write(RequestRecord(epoch=0, slot=0, task=i, prompt_tokens=i, start_us=i))
+    ev.close()
+    names = events_files(str(path))
+    assert [n.rsplit("/", 1)[1] for n in names] == [
+        "events.jsonl.3",
+        "events.jsonl.2",
+        "events.jsonl.1",
+        "events.jsonl",
+    ]
+    tasks = [json.loads(line)["task"] for n in names for line in open(n)]
+    # the newest records, in order, each line whole; the oldest files are gone: bounded
+    assert tasks == list(range(200 - len(tasks), 200)) and 20 < len(tasks) < 200
+    assert all(0 < (tmp_path / n).stat().st_size <= 8192 for n in names)
+    rotations = reg.get_sample_value("llamacpp_exporter_events_rotations_total")
+    assert rotations is not None and rotations > 3
+    assert reg.get_sample_value("llamacpp_exporter_events_written_total") == 200
+    # a restarted exporter knows what is written across the rotation, from the newest files
+    line_bytes = len(open(names[-1]).readline())
+    newest = {("", 0, t, t) for t in tasks[-30:]}  # more than the newest file holds
+    assert len(newest) > len(open(names[-1]).readlines())
+    assert newest <= written_records(str(path), tail_bytes=31 * line_bytes)
+
+
+def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.pipeline import EventsFile, events_files
+    from llamacpp_exporter.records import RequestRecord
+
+    never, none_kept = tmp_path / "never.jsonl", tmp_path / "none.jsonl"
+    a = EventsFile(str(never), CollectorRegistry(), max_bytes=0, max_files=3)
+    b = EventsFile(str(none_kept), CollectorRegistry(), max_bytes=4096, max_files=0)
+    for i in range(50):
+        a.write(RequestRecord(epoch=0, slot=0, task=i))
+        b.write(RequestRecord(epoch=0, slot=0, task=i))
+    a.close()
+    b.close()
+    assert events_files(str(never)) == [str(never)] and len(never.read_text().splitlines()) == 50
+    assert events_files(str(none_kept)) == [str(none_kept)] and none_kept.stat().st_size <= 4096

@@ -111,3 +111,58 @@ def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path):
     exp.stop()
     got = tasks(tmp_path / "events.jsonl.1") + tasks(events)
     assert len(got) == len(set(got)) == 32
+
+
+def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_analyze_reads_the_set(tmp_path):
+    """The events file bounded to 4 KiB a file (a few records each), the exporter killed twice:
+    every request is in the rotated set once, and analyze --events reads the whole set."""
+    import subprocess
+    import sys
+
+    from llamacpp_exporter.pipeline import events_files
+
+    lines, log, events, args = _setup(tmp_path)
+    args += ["--events.max-bytes", "4096", "--events.max-files", "1000"]
+    cuts = [len(lines) * i // 3 for i in range(4)]
+    position = tmp_path / "events.jsonl.log-position"
+    for run in range(3):
+        exp = ExporterProcess(args, tmp_path / f"run{run}").start()
+        exp.wait_following()
+        with open(log, "a") as fh:
+            fh.writelines(lines[cuts[run] : cuts[run + 1]])
+        exp.wait_lines_processed(cuts[run + 1])
+        before = len("".join(lines[: cuts[run]]).encode())
+        wait_for(
+            lambda before=before: position.exists() and json.loads(position.read_text())["offset"] > before,
+            "a position saved in this run",
+        )
+        if run < 2:
+            exp.proc.send_signal(signal.SIGKILL)
+            exp.proc.wait(10)
+    rotations = next(
+        float(line.rsplit(" ", 1)[1])
+        for line in exp.metrics_text().splitlines()
+        if line.startswith("llamacpp_exporter_events_rotations_total ")
+    )
+    exp.stop()
+    files = [Path(n) for n in events_files(str(events))]
+    got = [t for f in files for t in tasks(f)]
+    print(f"{len(files)} events files, {len(got)} records for 32 requests, {rotations:.0f} rotations in the last run")
+    assert len(files) >= 5 and all(f.stat().st_size <= 4096 for f in files)
+    assert len(got) == len(set(got)) == 32
+
+    def analyzed(*extra: str) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-m", "llamacpp_exporter", "analyze", "--format", "json", "--no-progress", *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    from_events = analyzed("--events", str(events))
+    from_log = analyzed(str(LOG))
+    assert from_events["sources"]["events_files"] == len(files) and from_events["sources"]["events_records"] == 32
+    assert from_events["requests"] == from_log["requests"]
+    assert from_events["miss_rate"] == from_log["miss_rate"]

@@ -29,7 +29,7 @@ from .config import ConversationsConfig, read_salt
 from .conversations import ConversationCosts, Pseudonymizer
 from .finish import AssemblySettings
 from .history import History
-from .pipeline import Pipeline
+from .pipeline import Pipeline, events_files
 from .records import RequestRecord
 
 log = logging.getLogger("llamacpp_exporter.analyze")
@@ -389,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="EVENTS.jsonl",
-        help="the exporter's events file (its records carry the LoRA state a bare log lacks); repeatable",
+        help="the exporter's events file (its records carry the LoRA state a bare log lacks), read with its "
+        "rotated copies EVENTS.jsonl.1, .2, ...; repeatable",
     )
     ap.add_argument("--format", choices=("text", "markdown", "json", "csv"), default="text", help="default text")
     ap.add_argument(
@@ -489,10 +490,15 @@ def main(argv: list[str]) -> int:
         print(f"llamacpp-exporter analyze: no such file: {', '.join(missing)}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="llamacpp-exporter analyze: %(message)s")
+    events: list[str] = []  # each with its rotated copies, oldest first, each file once
+    for given in args.events:
+        for name in events_files(given) or [given]:
+            if all(not os.path.samefile(name, e) for e in events):
+                events.append(name)
     salt = read_salt(ConversationsConfig())
     settings = AssemblySettings(min_prompt_tokens=args.min_prompt_tokens)
     result = analyze(
-        Inputs(args.logs, args.events),
+        Inputs(args.logs, events),
         settings,
         Pseudonymizer(salt),
         progress=not args.no_progress and sys.stderr.isatty(),

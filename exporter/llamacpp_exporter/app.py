@@ -254,6 +254,7 @@ class Exporter:
             self.registry,
             settings_from(cfg),
             events_path=cfg.events.path,
+            events_limits=(cfg.events.max_bytes, cfg.events.max_files),
             slots_polled=cfg.llama.poll_slots,
             request_slots_poll=self._request_slots_poll if cfg.llama.poll_slots else None,
             pseudonymize=Pseudonymizer(salt),

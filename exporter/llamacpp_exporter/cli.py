@@ -165,6 +165,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="append one JSON line per request record (numbers and fixed words only, never text)",
     )
     a(
+        "--events.max-bytes",
+        dest="events_max_bytes",
+        type=int,
+        metavar="BYTES",
+        default=None,
+        help="rotate the events file (FILE -> FILE.1 -> ...) before it grows past this (default 104857600, "
+        "100 MiB; 0: never, for your own logrotate with SIGHUP)",
+    )
+    a(
+        "--events.max-files",
+        dest="events_max_files",
+        type=int,
+        metavar="N",
+        default=None,
+        help="rotated events files kept, FILE.1 to FILE.N (default 5); analyze --events FILE reads them all",
+    )
+    a(
         "--cache.min-prompt-tokens",
         dest="min_prompt_tokens",
         type=int,
@@ -254,7 +271,9 @@ def config_from_args(args: argparse.Namespace) -> Config:
     cfg = override(
         cfg, "web", listen_address=args.listen, telemetry_path=args.telemetry_path, config_file=args.web_config_file
     )
-    cfg = override(cfg, "events", path=args.events_path)
+    cfg = override(
+        cfg, "events", path=args.events_path, max_bytes=args.events_max_bytes, max_files=args.events_max_files
+    )
     cfg = override(cfg, "cache", min_prompt_tokens=args.min_prompt_tokens)
     cfg = override(cfg, "conversations", salt_file=args.salt_file, window_seconds=args.conv_window, top=args.conv_top)
     validate(cfg)

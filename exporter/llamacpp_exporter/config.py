@@ -72,6 +72,10 @@ class WebConfig:
 @dataclass(frozen=True)
 class EventsConfig:
     path: str | None = None
+    # rotated (X -> X.1 ...) when a record would take it past max_bytes; 0: never (your own
+    # logrotate, then SIGHUP). At about 860 bytes a record, 100 MiB hold some 120,000 requests.
+    max_bytes: int = 100 << 20
+    max_files: int = 5  # rotated copies kept: the files hold at most max_bytes x (max_files + 1)
 
 
 @dataclass(frozen=True)
@@ -221,6 +225,11 @@ def validate(cfg: Config) -> Config:
     ):
         if not math.isfinite(f):
             raise ConfigError(f"{key}: must be a finite number, got {f}")
+    ev = cfg.events
+    if ev.max_bytes != 0 and not (1 << 12 <= ev.max_bytes <= 1 << 50):
+        raise ConfigError(f"events.max_bytes: 0 (never rotate) or between 4096 and 2^50, got {ev.max_bytes}")
+    if not (0 <= ev.max_files <= 1000):
+        raise ConfigError(f"events.max_files: must be between 0 and 1000, got {ev.max_files}")
     if cfg.llama.log_max_line_bytes < 1024:
         raise ConfigError("llama.log_max_line_bytes: must be at least 1024")
     c = cfg.cache

@@ -40,11 +40,23 @@ _RESULT = {
 class EventsFile:
     """Appends one JSON line per request record. Records hold numbers and fixed words only.
     A line is written whole or not at all: a write that fails part-way (a full disk, a file-size
-    limit) is cut back, so the next line never joins a partial one; the record is counted."""
+    limit) is cut back, so the next line never joins a partial one; the record is counted.
 
-    def __init__(self, path: str, registry: CollectorRegistry) -> None:
+    Bounded: a line that would take the file past ``max_bytes`` first rotates it (X -> X.1 ->
+    ... -> X.<max_files>, the oldest deleted), so the files never hold much more than
+    max_bytes x (max_files + 1). ``max_bytes`` 0: never rotated here (an outside logrotate,
+    then SIGHUP)."""
+
+    def __init__(self, path: str, registry: CollectorRegistry, max_bytes: int = 0, max_files: int = 0) -> None:
         self.path = path
+        self.max_bytes = max_bytes
+        self.max_files = max_files
         r = registry
+        self.rotations = Counter(
+            "llamacpp_exporter_events_rotations",
+            "Times the events file reached --events.max-bytes and was rotated.",
+            registry=r,
+        )
         self.records_written = Counter(
             "llamacpp_exporter_events_written", "Request records appended to the events file.", registry=r
         )
@@ -71,6 +83,9 @@ class EventsFile:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             end = os.lseek(self._fd, 0, os.SEEK_END)
+            if self.max_bytes and end and end + len(data) > self.max_bytes:
+                self._rotate()
+                end = 0
             view = memoryview(data)
             while view:
                 n = os.write(self._fd, view)
@@ -91,6 +106,21 @@ class EventsFile:
             if now - self._last_error_log > 60:
                 self._last_error_log = now
                 log.warning("cannot write events file %s: %s", self.path, e.strerror)
+
+    def _rotate(self) -> None:
+        """X.<n-1> -> X.<n>, ..., X -> X.1, then a new X. Renames only: the line being written
+        waits a few system calls, never a copy. On failure (OSError) the caller counts it."""
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        for i in range(self.max_files, 0, -1):
+            older = f"{self.path}.{i - 1}" if i > 1 else self.path
+            if os.path.exists(older):
+                os.replace(older, f"{self.path}.{i}")  # X.<max_files> is replaced: the oldest goes
+        if self.max_files == 0:
+            os.unlink(self.path)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.rotations.inc()
 
     def write_proof(self, rec: RequestRecord, conversation: str, source: str) -> None:
         """The conversation of a record written before it was proven: a line of its own,
@@ -204,6 +234,7 @@ class Pipeline:
         settings: AssemblySettings | None = None,
         *,
         events_path: str | None = None,
+        events_limits: tuple[int, int] = (0, 0),  # max bytes, rotated files kept (EventsFile)
         slots_polled: bool = False,
         request_slots_poll: Callable[[bool, str], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
@@ -223,7 +254,7 @@ class Pipeline:
         self.requests = RequestMetrics(registry)
         self.metrics = LogMetrics(registry)
         self.router = RouterMetrics(registry)
-        self.events = EventsFile(events_path, registry) if events_path else None
+        self.events = EventsFile(events_path, registry, *events_limits) if events_path else None
         self.consumers: list[Callable[[RequestRecord], None]] = [self.requests.record, self.costs.request]
         if self.events is not None:
             self.consumers.append(self.events.write)
@@ -420,18 +451,35 @@ _ROUTER_EVENTS = frozenset(
 )
 
 
+def events_files(path: str) -> list[str]:
+    """An events file and its rotated copies (X.1, X.2, ...), oldest first: the order they were
+    written in."""
+    out = [path] if os.path.exists(path) else []
+    i = 1
+    while os.path.exists(f"{path}.{i}"):
+        out.append(f"{path}.{i}")
+        i += 1
+    return out[::-1]
+
+
 def written_records(path: str, tail_bytes: int = 16 << 20) -> set[tuple]:
-    """The records an events file holds (its last ``tail_bytes``), by model, slot, task and
-    start: what a restarted exporter must not write again."""
+    """The records the events files hold (their last ``tail_bytes``, across a rotation), by
+    model, slot, task and start: what a restarted exporter must not write again."""
     out: set[tuple] = set()
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            fh.seek(max(0, size - tail_bytes))
-            data = fh.read()
-    except OSError:
-        return out
-    for line in data.splitlines():
+    chunks: list[bytes] = []
+    left = tail_bytes
+    for name in reversed(events_files(path)):  # newest first, until tail_bytes are read
+        try:
+            with open(name, "rb") as fh:
+                size = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, size - left))
+                chunks.append(fh.read())
+        except OSError:
+            continue
+        left -= len(chunks[-1])
+        if left <= 0:
+            break
+    for line in b"\n".join(reversed(chunks)).splitlines():
         try:
             obj = json.loads(line)
         except ValueError:
