@@ -73,6 +73,18 @@ def test_rename_server_metrics_recorded_and_promtool_clean():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
+def test_server_metrics_help_says_what_our_poll_does_and_which_prompt_count_this_build_has():
+    recorded = (FIX / "metrics.txt").read_text()  # b11434: cached tokens counted apart (PR #26920)
+    docs = {f.name: f.documentation for f in rename_server_metrics(recorded)}
+    assert "cache excluded" in docs["llamacpp_server_prompt_tokens"]
+    for gauge in ("llamacpp_server_prompt_tokens_seconds", "llamacpp_server_predicted_tokens_seconds"):
+        assert "since the exporter's previous poll" in docs[gauge] and "rate()" in docs[gauge]
+    # invented from the recorded one: an older build, without the cached-tokens counter
+    older = "\n".join(line for line in recorded.splitlines() if "prompt_tokens_cached" not in line) + "\n"
+    docs = {f.name: f.documentation for f in rename_server_metrics(older)}
+    assert "cache included" in docs["llamacpp_server_prompt_tokens"]
+
+
 class FakeBehaviour:
     delay = 0.0
     status = 200

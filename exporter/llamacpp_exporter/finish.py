@@ -176,6 +176,9 @@ class Finisher:
             overlap = union_us([(lo, hi) for _, lo, hi in overlaps]) / 1e6
             contention = "prefill" if overlap / d.decode_seconds > st.contention_fraction else "none"
             largest = self.prefills.largest_overlapping(d.slot, d.decode_start_us, d.decode_end_us)
+        queue_us = None
+        if not d.outside_join and d.epoch == self.attribution.epoch:
+            queue_us = self.attribution.join.queue_us(d.task)
         rec = RequestRecord(
             epoch=d.epoch,
             slot=d.slot,
@@ -219,6 +222,7 @@ class Finisher:
             slowed_by_conversation=slowed_by,
             cancelled=d.cancelled,
             failed=d.failed,
+            queue_seconds=queue_us / 1e6 if queue_us is not None else None,
             start_us=d.start_us,
             end_us=d.end_us,
         )

@@ -129,6 +129,9 @@ OPEN_FOR_US = 300_000_000
 STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS = 1024  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS = 8192
+# A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
+# came within this of each other: the midpoint is then at most half of it off.
+QUEUE_SPREAD_US = 50_000
 
 
 @dataclass(slots=True)
@@ -324,6 +327,7 @@ class HeaderJoin:
         self._in_burst = False
         self._now_us = 0  # the log time of the last input that has one
         self._results: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._queue_us: OrderedDict[int, int] = OrderedDict()  # task -> arrival to launch, where known
         self._reset()
 
     # ------------------------------------------------------------ state
@@ -361,6 +365,11 @@ class HeaderJoin:
     def result(self, task: int) -> tuple[str, str] | None:
         """(source, pseudonym) once final: (HEADER, name), (NONE, "") or (UNCERTAIN, "")."""
         return self._results.get(task)
+
+    def queue_us(self, task: int) -> int | None:
+        """How long the task's request waited from its arrival (``conv_id``) to its launch,
+        once resolved, when the arrivals it can be came within QUEUE_SPREAD_US of each other."""
+        return self._queue_us.get(task)
 
     def pending(self, task: int) -> bool:
         """Seen and not resolved yet: the log may still settle it."""
@@ -675,6 +684,13 @@ class HeaderJoin:
         at = [k for k in free if arrivals[k].name == name]
         if len(at) == 1:
             claimed[at[0]] = task
+        launched = self._launched_us.get(task)
+        if at and launched is not None:
+            first, last_at = arrivals[at[0]].at_us, arrivals[at[-1]].at_us  # positions are in arrival order
+            if last_at - first <= QUEUE_SPREAD_US and launched >= last_at:
+                self._queue_us[task] = launched - (first + last_at) // 2
+                if len(self._queue_us) > MAX_RESULTS:
+                    self._queue_us.popitem(last=False)
         return (HEADER, name) if name else (NONE, "")
 
     def _in_order(self, k: int, task: int) -> bool:

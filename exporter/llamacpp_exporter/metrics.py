@@ -42,6 +42,8 @@ PREFILL_SECONDS_BUCKETS = (
     600,
 )
 PREFILL_TOKENS_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072
+# seconds a user waits: a queue of a few ms on an idle server to minutes behind long prefills
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
 CACHE_UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
@@ -164,6 +166,34 @@ class RequestMetrics(Collector):
             ["model", "contention"],
             TPOT_BUCKETS,
         )
+        self.queue = _HistogramValues(
+            "llamacpp_request_queue_seconds",
+            "Time a request waited from its arrival (its conv_id line, -lv 4) to its launch on a slot: for a free "
+            "slot, tokenizing; on a busy server, waiting for one. Observed where the log pins the arrival "
+            "to within 25 ms (else counted in llamacpp_request_latency_unknown_total).",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
+        self.ttft = _HistogramValues(
+            "llamacpp_time_to_first_token_seconds",
+            "Time to first token of a request: its queue time plus its prefill (llama-server's prompt eval time).",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
+        self.e2e = _HistogramValues(
+            "llamacpp_request_duration_seconds",
+            "End-to-end time of a request in llama-server: from its arrival to its slot's release (queue, "
+            "prefill and generation).",
+            ["model"],
+            LATENCY_BUCKETS,
+        )
+        self.latency_unknown = _CounterValues(
+            "llamacpp_request_latency_unknown",
+            "Completed requests whose queue time, time to first token and end-to-end time are not observed: the log "
+            "does not pin their arrival (below -lv 4, or several requests arrived at once and the task ids do not "
+            "tell which was which).",
+            ["model"],
+        )
         self.overlap = _CounterValues(
             "llamacpp_decode_prefill_overlap_seconds",
             "Seconds during which this slot was decoding while another slot was prefilling.",
@@ -210,6 +240,10 @@ class RequestMetrics(Collector):
             self.prefill_seconds,
             self.prefill_tokens,
             self.tpot,
+            self.queue,
+            self.ttft,
+            self.e2e,
+            self.latency_unknown,
             self.overlap,
             self.takeovers,
             self.conversation_joins,
@@ -244,8 +278,10 @@ class RequestMetrics(Collector):
                 self.restores.add((model, lora, res), 0.0)
         for c in CONTENTION:
             self.tpot.child((model, c))
-        for m in (self.takeovers, self.choices, self.embedding_tasks, self.embedding_tokens):
+        for m in (self.takeovers, self.choices, self.embedding_tasks, self.embedding_tokens, self.latency_unknown):
             m.add((model,), 0.0)
+        for h in (self.queue, self.ttft, self.e2e):
+            h.child((model,))
         for src in ("header", "lineage", "uncertain", "none"):
             self.conversation_joins.add((model, src), 0.0)
 
@@ -298,11 +334,12 @@ class RequestMetrics(Collector):
         exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
         if rec.conversation:
             exemplar["conversation"] = rec.conversation
-        if rec.cancelled and rec.generated_tokens is None:
+        if (rec.cancelled or rec.failed) and rec.generated_tokens is None:
             self.cancelled.add(key)
         else:
             self.requests.add(key)
             self.choices.add((model,), rec.choices)
+            self._latency(rec, exemplar)
         if rec.prompt_tokens is not None and rec.reused_tokens is not None:
             self.prompt_tokens.add(key, rec.prompt_tokens)
             self.reused_tokens.add(key, rec.reused_tokens)
@@ -324,6 +361,16 @@ class RequestMetrics(Collector):
             self.tpot.observe((model, rec.contention), rec.time_per_output_token_seconds, exemplar)
         if rec.overlap_seconds and rec.slot in self._slots.get(model, ()):
             self.overlap.add((model, str(rec.slot)), rec.overlap_seconds)
+
+    def _latency(self, rec: RequestRecord, exemplar: dict[str, str]) -> None:
+        key = (rec.model,)
+        q = rec.queue_seconds
+        if q is None or rec.prefill_seconds is None or rec.start_us is None or rec.end_us is None:
+            self.latency_unknown.add(key)
+            return
+        self.queue.observe(key, q, exemplar)
+        self.ttft.observe(key, q + rec.prefill_seconds, exemplar)
+        self.e2e.observe(key, q + (rec.end_us - rec.start_us) / 1e6, exemplar)
 
 
 class LogMetrics:

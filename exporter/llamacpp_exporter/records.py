@@ -81,6 +81,9 @@ class RequestRecord:
     slowed_by_conversation: str | None = None  # whose prefill overlapped this decoding most
     cancelled: bool = False
     failed: bool = False
+    # from its request's arrival (conv_id, -lv 4) to its launch, where the log pins the arrival
+    # (see join.py): None when it cannot
+    queue_seconds: float | None = None
     start_us: int | None = None
     end_us: int | None = None
 

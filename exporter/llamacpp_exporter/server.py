@@ -184,6 +184,25 @@ def parse_lora_adapters(obj: Any, model: str = "") -> LoraAdapters:
 
 MAX_SERVER_SERIES = 1000  # per re-exported family: llama-server's own have a handful
 
+# llama-server's throughput gauges are averages since the previous GET /metrics, and each GET
+# resets them (server-context.cpp, b11434 around line 5040): the exporter's own poll defines
+# their window, and a Prometheus scraping llama-server as well sees shorter averages.
+_RESET_BY_POLL = ("prompt_tokens_seconds", "predicted_tokens_seconds")
+_RESET_HELP = (
+    " Averaged since the previous GET /metrics, which resets it: here, since the exporter's previous "
+    "poll. Prefer rate() of the _total counters."
+)
+# Since llama.cpp PR #26920 (b11434 has it) prompt_tokens_total excludes tokens reused from the
+# cache, which prompt_tokens_cached_total counts; before it, prompt_tokens_total counted them in.
+_PROMPT_HELP_NEW = (
+    "Prompt tokens computed (prefilled), tokens reused from the cache excluded: this build reports them in "
+    "llamacpp_server_prompt_tokens_cached_total (llama.cpp PR #26920 and later)."
+)
+_PROMPT_HELP_OLD = (
+    "Prompt tokens processed, tokens reused from the cache included: this build predates llama.cpp PR #26920 "
+    "(it has no prompt_tokens_cached_total)."
+)
+
 
 def rename_server_metrics(text: str) -> list[Metric]:
     """llama-server's ``llamacpp:name`` families -> ``llamacpp_server_name``.
@@ -196,6 +215,7 @@ def rename_server_metrics(text: str) -> list[Metric]:
     cut = []
     # the client parser appends _total to counter samples that lack it: note the real names
     raw_names = {ln.split("{", 1)[0].split(" ", 1)[0] for ln in text.splitlines() if ln and ln[0] != "#"}
+    cached_counted_apart = "llamacpp:prompt_tokens_cached_total" in raw_names
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith("llamacpp:"):
             continue  # only llama-server's own families: anything else could clash with ours
@@ -213,7 +233,13 @@ def rename_server_metrics(text: str) -> list[Metric]:
         if len(samples) > MAX_SERVER_SERIES:
             cut.append(f"{name} ({len(samples)} series)")
             samples = samples[:MAX_SERVER_SERIES]
-        m = Metric(name, fam.documentation or name, typ)
+        doc = fam.documentation or name
+        short = name.removeprefix(SERVER_PREFIX)
+        if short in _RESET_BY_POLL:
+            doc += _RESET_HELP
+        elif short == "prompt_tokens":
+            doc = _PROMPT_HELP_NEW if cached_counted_apart else _PROMPT_HELP_OLD
+        m = Metric(name, doc, typ)
         m.samples = samples
         out.append(m)
     if cut:
