@@ -60,7 +60,9 @@ def variables() -> dict[str, Any]:
                 "regex": "",
                 "hide": 0,
             },
-            query_var("job", "Job", "label_values(llamacpp_up, job)"),
+            # All: the jobs that export llamacpp_up (Grafana joins their names), never every job
+            # Prometheus scrapes: "Servers down" counts up == 0 of this exporter's targets only
+            {k: v for k, v in query_var("job", "Job", "label_values(llamacpp_up, job)").items() if k != "allValue"},
             query_var("instance", "Instance", 'label_values(llamacpp_up{job=~"$job"}, instance)'),
             # a router's models; none for a plain server, whose series have no model: All (.*)
             # matches them
@@ -174,6 +176,7 @@ def timeseries(
     threshold: float | None = None,
     overrides: list[dict[str, Any]] | None = None,
     minimum: float | None = 0,
+    min_interval: str | None = None,
 ) -> dict[str, Any]:
     custom: dict[str, Any] = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10, "showPoints": "never"}
     if stack:
@@ -188,7 +191,7 @@ def timeseries(
             "mode": "absolute",
             "steps": [{"color": "transparent", "value": None}, {"color": "red", "value": threshold}],
         }
-    return {
+    panel: dict[str, Any] = {
         "type": "timeseries",
         "title": title,
         "description": description,
@@ -200,6 +203,11 @@ def timeseries(
         },
         "targets": _targets(queries, exemplar),
     }
+    if min_interval:
+        # $__rate_interval is at least this: at a request a minute a 1m window is mostly empty
+        # and a quantile line is mostly gaps
+        panel["interval"] = min_interval
+    return panel
 
 
 def stat(
@@ -356,7 +364,39 @@ def minutes(window: str) -> str:
 
 
 def quantiles(metric: str, by: str, legend: str) -> list[tuple[str, str]]:
-    return [(q.quantile(p, metric, S, by, RI), f"p{int(p * 100)} {legend}".strip()) for p in (0.5, 0.9)]
+    return [(q.quantile(p, metric, S, by, RI), f"p{round(p * 100)} {legend}".strip()) for p in (0.5, 0.9, 0.99)]
+
+
+QUANTILE_INTERVAL = "5m"  # the least window of a quantile panel (see timeseries' min_interval)
+
+
+def table(title: str, description: str, columns: list[tuple[str, str, str]]) -> dict[str, Any]:
+    """One row per instance, one column per (header, unit, instant query by instance)."""
+    targets = []
+    for i, (_, _, expr) in enumerate(columns):
+        t = target(expr, "", chr(ord("A") + i), instant=True)
+        t["format"] = "table"
+        targets.append(t)
+    rename = {f"Value #{chr(ord('A') + i)}": header for i, (header, _, _) in enumerate(columns)}
+    return {
+        "type": "table",
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "fieldConfig": {
+            "defaults": {"unit": "none"},
+            "overrides": [
+                {"matcher": {"id": "byName", "options": header}, "properties": [{"id": "unit", "value": unit}]}
+                for header, unit, _ in columns
+            ],
+        },
+        "options": {"showHeader": True, "sortBy": [{"displayName": columns[1][0], "desc": True}]},
+        "transformations": [
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": rename}},
+        ],
+        "targets": targets,
+    }
 
 
 LINKS = [
@@ -461,11 +501,22 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Tokens per second",
-            "Prompt tokens processed and tokens generated per second, from llama-server's own counters "
-            "(needs --metrics).",
+            "Prompt tokens computed, prompt tokens reused from the cache and tokens generated per second, from "
+            "llama-server's own counters (needs --metrics). Builds before llama.cpp PR #26920 count reused tokens "
+            "into prompt_tokens_total and report no cached counter: their prompt line includes reused tokens.",
             "suffix: tok/s",
             [
-                (f"sum(rate(llamacpp_server_prompt_tokens_total{{{S}}}[{RI}]))", "prompt"),
+                (
+                    f"sum(rate(llamacpp_server_prompt_tokens_total{{{S}}}[{RI}])"
+                    f" and on (job, instance, model) llamacpp_server_prompt_tokens_cached_total{{{S}}})",
+                    "prompt computed",
+                ),
+                (f"sum(rate(llamacpp_server_prompt_tokens_cached_total{{{S}}}[{RI}]))", "prompt reused"),
+                (
+                    f"sum(rate(llamacpp_server_prompt_tokens_total{{{S}}}[{RI}])"
+                    f" unless on (job, instance, model) llamacpp_server_prompt_tokens_cached_total{{{S}}})",
+                    "prompt, reused included (older builds)",
+                ),
                 (f"sum(rate(llamacpp_server_tokens_predicted_total{{{S}}}[{RI}]))", "generated"),
             ],
         ),
@@ -586,28 +637,128 @@ def overview() -> dict[str, Any]:
         8,
     )
     lay.row("Latency")
+    known = (
+        "Observed for requests whose arrival the log pins (-lv 4); the others are counted in "
+        "llamacpp_request_latency_unknown_total (the table's last column)."
+    )
+    lay.add(
+        timeseries(
+            "Time to first token",
+            "From a request's arrival in llama-server to its first token (queue time plus prefill), p50, p90 and "
+            f"p99. {known} Exemplars name slot and task.",
+            "s",
+            quantiles("llamacpp_time_to_first_token_seconds", "", ""),
+            exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Queue time",
+            "From a request's arrival to its launch on a slot, p50, p90 and p99: above a few milliseconds it "
+            f"waited for a free slot (every slot busy). {known}",
+            "s",
+            quantiles("llamacpp_request_queue_seconds", "", ""),
+            exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "End-to-end latency",
+            "From a request's arrival in llama-server to its slot's release (queue, prefill, generation), p50, p90 "
+            f"and p99. {known}",
+            "s",
+            quantiles("llamacpp_request_duration_seconds", "", ""),
+            exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Error rate",
+            "Share of requests that ended without an answer (cancelled: the client gave up, or failed), of all "
+            "requests that ended.",
+            "percentunit",
+            [
+                (
+                    f"sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}]))\n/\n"
+                    f"(sum(rate(llamacpp_requests_total{{{S}}}[{RI}])) + sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}])))",
+                    "cancelled or failed",
+                )
+            ],
+            overrides=[color("cancelled or failed", "red")],
+            min_interval=QUANTILE_INTERVAL,
+        ),
+        8,
+        8,
+    )
     lay.add(
         timeseries(
             "Prefill duration",
-            "Prefill time per request (slot start to first token), p50 and p90. Exemplars name slot and task.",
+            "Prefill time per request (slot start to first token), p50, p90 and p99. Exemplars name slot and task.",
             "s",
             quantiles("llamacpp_prefill_duration_seconds", "", ""),
             exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
         ),
-        12,
+        8,
         8,
     )
     lay.add(
         timeseries(
             "Time per output token by contention",
-            "Mean decode time per token of requests, p50 and p90, split by whether other slots were prefilling "
-            "during their decoding (prefill) or not (none).",
+            "Mean decode time per token of requests, p50, p90 and p99, split by whether other slots were "
+            "prefilling during their decoding (prefill) or not (none).",
             "s",
             quantiles(q.TPOT, "contention", "{{contention}}"),
             exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
         ),
-        12,
         8,
+        8,
+    )
+    w_tab = WINDOWS["summary"]
+    ended = (
+        f"(sum by (instance) (increase(llamacpp_requests_total{{{S}}}[{w_tab}])) + "
+        f"sum by (instance) (increase(llamacpp_requests_cancelled_total{{{S}}}[{w_tab}])))"
+    )
+    lay.add(
+        table(
+            f"Servers, last {minutes(w_tab)}",
+            f"One row per server over the last {minutes(w_tab)}utes, sorted by request rate: the one bad server "
+            "out of fifty is the row whose error rate, time to first token or miss ratio stands out.",
+            [
+                ("health", "none", f'max by (instance) (llamacpp_up{{{S}, endpoint="health"}})'),
+                ("requests/s", "reqps", q.rate("llamacpp_requests_total", S, w_tab, "instance")),
+                (
+                    "error rate",
+                    "percentunit",
+                    f"sum by (instance) (increase(llamacpp_requests_cancelled_total{{{S}}}[{w_tab}])) / {ended}",
+                ),
+                (
+                    "TTFT p90",
+                    "s",
+                    q.quantile(0.9, "llamacpp_time_to_first_token_seconds", S, "instance", w_tab),
+                ),
+                ("time/token p90", "s", q.quantile(0.9, q.TPOT, S, "instance", w_tab)),
+                ("RAM-path miss ratio", "percentunit", q.ram_miss_ratio(S, "instance", w_tab).replace("\n", " ")),
+                (
+                    "latency unknown",
+                    "percentunit",
+                    f"sum by (instance) (increase(llamacpp_request_latency_unknown_total{{{S}}}[{w_tab}])) / "
+                    f"sum by (instance) (increase(llamacpp_requests_total{{{S}}}[{w_tab}]))",
+                ),
+            ],
+        ),
+        24,
+        9,
     )
     lay.add(
         heatmap(
@@ -670,7 +821,7 @@ def overview() -> dict[str, Any]:
             "Log lines by result",
             "Log lines read per second: parsed, ignored (known, not needed), unrecognized, unreadable (not text), "
             "oversized.",
-            "short",
+            "suffix: lines/s",
             [(f"sum by (result) (rate(llamacpp_exporter_log_lines_total{{{S}}}[{RI}]))", "{{result}}")],
         ),
         8,
@@ -680,18 +831,51 @@ def overview() -> dict[str, Any]:
         timeseries(
             "Endpoint errors",
             "Failed requests of the exporter to llama-server per second, by endpoint.",
-            "short",
+            "suffix: errors/s",
             [(f"sum by (endpoint) (rate(llamacpp_exporter_scrape_errors_total{{{S}}}[{RI}]))", "{{endpoint}}")],
         ),
         8,
         8,
     )
+    w_marks, w_build = WINDOWS["restart_marks"], WINDOWS["build_change"]
+    annotations = [
+        {
+            "name": "llama-server restarts",
+            "datasource": DS,
+            "enable": True,
+            "hide": False,
+            "iconColor": "red",
+            "expr": with_model(
+                f"sum by (instance) (increase(llamacpp_exporter_server_restarts_total{{{S}}}[{w_marks}])) > 0"
+            ),
+            "step": w_marks,
+            "titleFormat": "llama-server restarted",
+            "textFormat": "{{instance}}: a new start banner in its log",
+            "useValueForTime": False,
+        },
+        {
+            "name": "llama-server build changes",
+            "datasource": DS,
+            "enable": True,
+            "hide": False,
+            "iconColor": "purple",
+            "expr": with_model(
+                f"count by (instance, build, commit) (llamacpp_exporter_server_build_info{{{S}}}"
+                f" unless llamacpp_exporter_server_build_info{{{S}}} offset {w_build})"
+            ),
+            "step": w_marks,
+            "titleFormat": "llama-server build",
+            "textFormat": f"{{{{instance}}}} runs build {{{{build}}}} ({{{{commit}}}}), not seen {w_build} before",
+            "useValueForTime": False,
+        },
+    ]
     return dashboard(
         "llamacpp-overview",
         "llama.cpp overview",
         "llama-server through llamacpp-exporter: requests, RAM prompt-cache misses and LoRA discards, latency.",
         lay,
         LINKS[1:],
+        annotations,
     )
 
 
@@ -816,9 +1000,10 @@ def prompt_cache() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Cache update time",
-            "Time of one RAM prompt-cache save/load/update at slot selection, p50 and p90.",
+            "Time of one RAM prompt-cache save/load/update at slot selection, p50, p90 and p99.",
             "s",
             quantiles("llamacpp_prompt_cache_update_duration_seconds", "", ""),
+            min_interval=QUANTILE_INTERVAL,
         ),
         8,
         8,
@@ -924,6 +1109,7 @@ def contention() -> dict[str, Any]:
                 *quantiles(q.TPOT, "contention", "{{contention}}"),
             ],
             exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
         ),
         12,
         9,
@@ -947,16 +1133,15 @@ def contention() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Prefill duration by path",
-            "p90 prefill time by slot-selection path. Exemplars point at the very request (slot, task) of a long "
-            "prefill.",
+            "p90 and p99 prefill time by slot-selection path. Exemplars point at the very request (slot, task) of "
+            "a long prefill.",
             "s",
             [
-                (
-                    q.quantile(0.9, "llamacpp_prefill_duration_seconds", S, "path", RI),
-                    "p90 {{path}}",
-                )
+                (q.quantile(p, "llamacpp_prefill_duration_seconds", S, "path", RI), f"p{round(p * 100)} {{{{path}}}}")
+                for p in (0.9, 0.99)
             ],
             exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
         ),
         12,
         8,
@@ -964,15 +1149,14 @@ def contention() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Prefill size by path",
-            "p90 of prompt tokens computed per prefill, by slot-selection path. Exemplars name slot and task.",
+            "p90 and p99 of prompt tokens computed per prefill, by slot-selection path. Exemplars name slot and task.",
             "short",
             [
-                (
-                    q.quantile(0.9, "llamacpp_prefill_tokens", S, "path", RI),
-                    "p90 {{path}}",
-                )
+                (q.quantile(p, "llamacpp_prefill_tokens", S, "path", RI), f"p{round(p * 100)} {{{{path}}}}")
+                for p in (0.9, 0.99)
             ],
             exemplar=True,
+            min_interval=QUANTILE_INTERVAL,
         ),
         12,
         8,

@@ -13,7 +13,7 @@ import yaml
 from promql import DASHBOARDS, ROOT, Prometheus, dashboard_expressions, metric_names
 from support import exported_metric_names
 
-PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "heatmap"}
+PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "heatmap", "table"}
 
 
 def load(f):
@@ -127,7 +127,11 @@ SCHEMA_EXTRAS = (
     {".id", ".annotations.list[0].builtIn"}
     | {f".templating.list[{i}].definition" for i in range(4)}
     # Prometheus annotation queries: fields of the datasource's query, not of the dashboard schema
-    | {f".annotations.list[1].{k}" for k in ("expr", "step", "titleFormat", "textFormat", "useValueForTime")}
+    | {
+        f".annotations.list[{i}].{k}"
+        for i in range(1, 4)
+        for k in ("expr", "step", "titleFormat", "textFormat", "useValueForTime")
+    }
 )
 
 
@@ -208,3 +212,51 @@ def test_shared_figures_are_written_once_in_the_query_blocks():
             "histogram_quantile(",
         ):
             assert series not in text, f"{path.name} writes {series} itself: use alerts/queries.py"
+
+
+def test_overview_has_the_latency_users_know_a_table_per_server_and_restart_marks():
+    d = load(ROOT / "dashboards" / "llamacpp-overview.json")
+    panels = {p["title"]: p for p in d["panels"] if p["type"] != "row"}
+    for title, metric in (
+        ("Time to first token", "llamacpp_time_to_first_token_seconds_bucket"),
+        ("Queue time", "llamacpp_request_queue_seconds_bucket"),
+        ("End-to-end latency", "llamacpp_request_duration_seconds_bucket"),
+    ):
+        exprs = [t["expr"] for t in panels[title]["targets"]]
+        assert [e.split(",", 1)[0] for e in exprs] == [f"histogram_quantile({p}" for p in ("0.5", "0.9", "0.99")]
+        assert all(metric in e for e in exprs)
+    assert "llamacpp_requests_cancelled_total" in panels["Error rate"]["targets"][0]["expr"]
+    table = next(p for p in d["panels"] if p["type"] == "table")
+    assert all("by (instance)" in t["expr"] or "instance)" in t["expr"] for t in table["targets"])
+    names = {a["name"] for a in d["annotations"]["list"]}
+    assert {"llama-server restarts", "llama-server build changes"} <= names
+
+
+def test_quantile_panels_show_p99_and_keep_a_window_that_holds_requests_at_low_traffic():
+    for path in DASHBOARDS:
+        for p in load(path)["panels"]:
+            exprs = [t["expr"] for t in p.get("targets", [])]
+            if p["type"] == "timeseries" and any(e.startswith("histogram_quantile") for e in exprs):
+                assert any(e.startswith("histogram_quantile(0.99") for e in exprs), p["title"]
+                # at a request a minute, a 1m window ($__rate_interval at 15 s scrapes) is mostly empty
+                assert p.get("interval") == "5m", p["title"]
+
+
+def test_rates_have_per_second_units():
+    per_second = {"reqps", "ops", "cps", "suffix: tok/s", "suffix: lines/s", "suffix: errors/s"}
+    for path in DASHBOARDS:
+        for p in load(path)["panels"]:
+            if p["type"] != "timeseries":
+                continue
+            exprs = [t["expr"] for t in p["targets"]]
+            if all(e.startswith("sum") and "rate(" in e and "/" not in e and "_seconds" not in e for e in exprs):
+                assert p["fieldConfig"]["defaults"]["unit"] in per_second, (path.name, p["title"])
+
+
+def test_all_jobs_means_the_exporters_jobs_not_every_job():
+    """Grafana's All with no allValue is the variable's own values joined: the jobs that export
+    llamacpp_up. With allValue .+ the overview's "Servers down" counted every down target of
+    every job Prometheus scrapes."""
+    for path in DASHBOARDS:
+        job = next(v for v in load(path)["templating"]["list"] if v["name"] == "job")
+        assert "allValue" not in job and job["definition"] == "label_values(llamacpp_up, job)"
