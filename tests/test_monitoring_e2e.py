@@ -56,8 +56,15 @@ EXPECTED_EMPTY = {
 EXPECTED_EMPTY["dashboard llamacpp-contention / annotation Prefills above 4096 tokens"] = (
     "no prefill of more than 4096 tokens in this run (the long-prefill test is test_conversations_real.py)"
 )
+EXPECTED_EMPTY["dashboard llamacpp-overview / annotation llama-server restarts"] = "no server restarts in this run"
+EXPECTED_EMPTY["dashboard llamacpp-overview / Tokens per second / C"] = (
+    "b11434 counts reused prompt tokens apart (prompt_tokens_cached_total): the older builds' line stays empty"
+)
 # May or may not fire, depending on how the concurrent conversations meet the slots.
 MAY_BE_EMPTY = {
+    "dashboard llamacpp-overview / annotation llama-server build changes": (
+        "each build is marked for 5 minutes after it first appears: the run may end before or after that"
+    ),
     "rule LlamaCppPromptCacheLoraMismatchReuse": "a restored entry of another LoRA is kept only on some schedules",
 }
 
@@ -152,7 +159,9 @@ def stack(tmp_path_factory):
             "rule_files": [str(f) for f in RULE_FILES],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]},
             "scrape_configs": [
-                {"job_name": "llamacpp", "static_configs": [{"targets": [f"127.0.0.1:{e.port}" for e in exporters]}]}
+                {"job_name": "llamacpp", "static_configs": [{"targets": [f"127.0.0.1:{e.port}" for e in exporters]}]},
+                # another job of the same Prometheus with a target that is down: not ours to count
+                {"job_name": "other", "static_configs": [{"targets": [f"127.0.0.1:{free_port()}"]}]},
             ],
         },
     )
@@ -228,6 +237,26 @@ def test_every_dashboard_and_rule_expression_returns_data(stack):
         if not empty and e.where in EXPECTED_EMPTY:
             problems.append(f"{e.where}: expected empty ({EXPECTED_EMPTY[e.where]}) but returned data")
     assert not problems, "\n".join(problems)
+
+
+def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack):
+    """Grafana's All for $job is the values of label_values(llamacpp_up, job) joined, as Grafana
+    does for a Prometheus regex; the other job's down target is not a server down."""
+    prom: Prometheus = stack["prom"]
+    jobs = httpx.get(prom.url + "/api/v1/label/job/values", params={"match[]": "llamacpp_up"}, timeout=10).json()["data"]
+    assert jobs == ["llamacpp"]
+    wait_for(
+        lambda: prom.query('up{job="other"} == 0')["data"]["result"], "the other job's target scraped and down", 30
+    )
+    (e,) = [e for e in dashboard_expressions() if e.where == "dashboard llamacpp-overview / Servers down / A"]
+    all_jobs = "(" + "|".join(jobs) + ")"
+
+    def value(job_regex: str) -> float:
+        promql = e.expr.replace("$job", job_regex).replace("$instance", ".+").replace("$model", ".*")
+        return float(prom.query(promql)["data"]["result"][0]["value"][1])
+
+    assert value(all_jobs) == 0
+    assert value(".+") >= 1  # what the old allValue counted
 
 
 def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack):
