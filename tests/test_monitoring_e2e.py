@@ -243,7 +243,9 @@ def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack):
     """Grafana's All for $job is the values of label_values(llamacpp_up, job) joined, as Grafana
     does for a Prometheus regex; the other job's down target is not a server down."""
     prom: Prometheus = stack["prom"]
-    jobs = httpx.get(prom.url + "/api/v1/label/job/values", params={"match[]": "llamacpp_up"}, timeout=10).json()["data"]
+    jobs = httpx.get(prom.url + "/api/v1/label/job/values", params={"match[]": "llamacpp_up"}, timeout=10).json()[
+        "data"
+    ]
     assert jobs == ["llamacpp"]
     wait_for(
         lambda: prom.query('up{job="other"} == 0')["data"]["result"], "the other job's target scraped and down", 30

@@ -679,19 +679,28 @@ class HeaderJoin:
                     return None  # what it continues is not named yet
                 # a later line may still settle it (a neighbour proven, a continuation, an
                 # idle server): it stays open until the join starts afresh
-                return (UNCERTAIN, "") if final else None
+                if not final:
+                    return None
+                self._pin_queue(task, free)  # which request is unknown, but perhaps not when it came
+                return (UNCERTAIN, "")
             name = continued
         at = [k for k in free if arrivals[k].name == name]
         if len(at) == 1:
             claimed[at[0]] = task
-        launched = self._launched_us.get(task)
-        if at and launched is not None:
-            first, last_at = arrivals[at[0]].at_us, arrivals[at[-1]].at_us  # positions are in arrival order
-            if last_at - first <= QUEUE_SPREAD_US and launched >= last_at:
-                self._queue_us[task] = launched - (first + last_at) // 2
-                if len(self._queue_us) > MAX_RESULTS:
-                    self._queue_us.popitem(last=False)
+        self._pin_queue(task, at)
         return (HEADER, name) if name else (NONE, "")
+
+    def _pin_queue(self, task: int, candidates: list[int]) -> None:
+        """The task's queue time, if the arrivals it can be (positions, in arrival order) came
+        within QUEUE_SPREAD_US of each other."""
+        launched = self._launched_us.get(task)
+        if not candidates or launched is None:
+            return
+        first, last = self._arrivals[candidates[0]].at_us, self._arrivals[candidates[-1]].at_us
+        if last - first <= QUEUE_SPREAD_US and launched >= last:
+            self._queue_us[task] = launched - (first + last) // 2
+            if len(self._queue_us) > MAX_RESULTS:
+                self._queue_us.popitem(last=False)
 
     def _in_order(self, k: int, task: int) -> bool:
         """Requests of different clusters took their ids in arrival order: the task cannot be
