@@ -120,6 +120,7 @@ def test_user_facing_text_describes_the_case_not_our_name_for_it():
         ROOT / "README.md",
         ALERTS / "runbook.md",
         *ALERTS.glob("*.yaml"),
+        ALERTS / "config" / "thresholds.yaml",
         *(ROOT / "dashboards").glob("*.json"),
         ROOT / "exporter" / "llamacpp_exporter" / "top.py",
         ROOT / "exporter" / "llamacpp_exporter" / "cli.py",
