@@ -99,18 +99,19 @@ print(cpu() - t0)
 # the modules a line passes through (pipeline, parser, assembler and its parts, metrics)
 COMPILED = [
     "parse",
-    "logclock",
-    "assemble",
-    "finish",
-    "promptcache",
-    "cachemirror",
-    "timeline",
-    "attribution",
-    "join",
-    "lora",
     "records",
-    "serverstate",
-    "classify",
+    "assemble/logclock",
+    "assemble/assembler",
+    "assemble/finish",
+    "assemble/promptcache",
+    "assemble/cachemirror",
+    "assemble/timeline",
+    "assemble/attribution",
+    "assemble/join",
+    "assemble/lora",
+    "assemble/serverstate",
+    "assemble/classify",
+    "assemble/pseudonyms",
 ]
 
 

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from realserver import ExporterProcess, LlamaServer
 from workload import Truth
 
-from llamacpp_exporter.analyze import read_events
-from llamacpp_exporter.classify import outcome
-from llamacpp_exporter.conversations import Pseudonymizer
-from llamacpp_exporter.finish import AssemblySettings
+from llamacpp_exporter.assemble.classify import outcome
+from llamacpp_exporter.assemble.finish import AssemblySettings
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.offline.analyze import read_events
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord
 
@@ -109,8 +109,8 @@ def exported_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.pipeline import Pipeline
-    from llamacpp_exporter.server import PollerMetrics
-    from llamacpp_exporter.tail import SourceStats
+    from llamacpp_exporter.sources.llama_server import PollerMetrics
+    from llamacpp_exporter.sources.tail import SourceStats
 
     reg = CollectorRegistry()  # what the exporter registers: the pipeline's, the poller's, the source's
     pl = Pipeline(reg, events_path="unused.jsonl")  # the events file is opened at the first record only

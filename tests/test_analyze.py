@@ -22,9 +22,9 @@ from promql import Prometheus, dashboard_expressions
 from realserver import ExporterProcess, free_port, wait_for
 from support import expected_from_truth, samples, truths
 
-from llamacpp_exporter import analyze, plots, report
-from llamacpp_exporter.classify import outcome
-from llamacpp_exporter.finish import AssemblySettings
+from llamacpp_exporter.assemble.classify import outcome
+from llamacpp_exporter.assemble.finish import AssemblySettings
+from llamacpp_exporter.offline import analyze, plots, report
 from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
@@ -607,7 +607,7 @@ def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records()
     # the starved impatient-id recording: 16 conversations are proven after their record went out
     from support import log_lines, replay
 
-    from llamacpp_exporter.conversations import Pseudonymizer
+    from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 
     name = "lv4-np2-impatient-ids-starved.log"
     late = replay(log_lines(name), proven=False)

@@ -7,8 +7,8 @@ import pytest
 from realserver import LlamaServer
 from workload import rewritten_history
 
-from llamacpp_exporter import analyze, report
-from llamacpp_exporter.finish import AssemblySettings
+from llamacpp_exporter.assemble.finish import AssemblySettings
+from llamacpp_exporter.offline import analyze, report
 
 pytestmark = pytest.mark.real_server
 

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 from support import by_timings, log_lines, replay_records, truths, value
 
 from llamacpp_exporter import parse as p
-from llamacpp_exporter.assemble import Assembler, AssemblySettings
+from llamacpp_exporter.assemble.assembler import Assembler, AssemblySettings
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
 
@@ -156,7 +156,7 @@ def test_lora_unknown_when_slots_never_showed_the_task():
 def test_state_is_bounded_under_endless_tasks():
     """20000 tasks on 4 slots of one server process, each released and seen in /slots with a
     LoRA list, no client ever sending an id: every per-task map stays at its cap."""
-    from llamacpp_exporter import attribution, finish, lora, timeline
+    from llamacpp_exporter.assemble import attribution, finish, lora, timeline
 
     a = Assembler(sink=_NullSink(), on_record=lambda r: None, slots_polled=True)
 

@@ -15,8 +15,8 @@ from realserver import BusyLoop, ExporterProcess, LlamaServer, wait_for
 from support import match, wait_records
 from workload import impatient_ids_workload
 
-from llamacpp_exporter.analyze import Inputs, analyze, read_events
-from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.offline.analyze import Inputs, analyze, read_events
 
 pytestmark = pytest.mark.real_server
 SALT = "a-test-salt-of-enough-length"

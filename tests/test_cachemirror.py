@@ -3,7 +3,7 @@ logs exercise it through the assembler: tests/test_assemble.py)."""
 
 from __future__ import annotations
 
-from llamacpp_exporter.cachemirror import CacheMirror
+from llamacpp_exporter.assemble.cachemirror import CacheMirror
 
 
 def mirror():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llamacpp_exporter import classify as c
+from llamacpp_exporter.assemble import classify as c
 
 # cleared, forced, reused, reuse known, request LoRA, entry LoRA -> result, mismatch reuse
 RESTORES = [

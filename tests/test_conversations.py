@@ -9,7 +9,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from support import SALT, by_timings, grouping_accuracy, log_lines, replay, truths
 
-from llamacpp_exporter.conversations import ConversationCosts, Pseudonymizer
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.export.conversations import ConversationCosts
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord
 
@@ -102,7 +103,7 @@ def test_cost_store_top_n_and_other():
         costs.cost(name, cost)
     rows = costs.snapshot()
     assert [r["conversation"] for r in rows] == ["ca", "cc", "cb", "cd"]
-    from llamacpp_exporter.conversations import ConversationCollector
+    from llamacpp_exporter.export.conversations import ConversationCollector
 
     reg = CollectorRegistry()
     reg.register(ConversationCollector(costs))

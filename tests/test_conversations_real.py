@@ -18,7 +18,7 @@ from realserver import BusyLoop, LlamaServer
 from support import grouping_accuracy, match, samples, start_exporter, wait_records
 from workload import LONG_CONV, Contention, Truth, contention_workload
 
-from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 
 pytestmark = pytest.mark.real_server
 SALT = "a-test-salt-of-enough-length"

@@ -22,9 +22,7 @@ def load(f):
 
 @pytest.mark.integration
 def test_generated_dashboards_are_up_to_date():
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "dashboards" / "build.py"), "--check"], capture_output=True, text=True
-    )
+    res = subprocess.run([sys.executable, "-m", "mixin", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
@@ -185,12 +183,12 @@ def test_every_dashboard_query_is_valid_promql(empty_prometheus):
         assert res["status"] == "success", f"{e.where}: {res.get('error')}"
 
 
-BUILDERS = [ROOT / "alerts" / "build.py", ROOT / "dashboards" / "build.py"]
+BUILDERS = [ROOT / "mixin" / "rules.py", ROOT / "mixin" / "dashboards.py", ROOT / "mixin" / "kubernetes.py"]
 
 
 def test_every_fixed_window_comes_from_the_thresholds_file():
     """The builders write no window of their own: each is an alert's, one of `windows:` in
-    alerts/config/thresholds.yaml, or Grafana's $__rate_interval."""
+    mixin/thresholds.yaml, or Grafana's $__rate_interval."""
     for path in BUILDERS:
         fixed = re.findall(r"\[\d+[smhdw]\]", path.read_text())
         assert not fixed, f"{path.name}: {fixed}"
@@ -198,7 +196,7 @@ def test_every_fixed_window_comes_from_the_thresholds_file():
 
 def test_shared_figures_are_written_once_in_the_query_blocks():
     """The RAM-path miss ratio, wrongful discards, time per output token, evicted misses and
-    unparsed lines are computed by alerts/queries.py for the rules and the dashboards alike:
+    unparsed lines are computed by mixin/queries.py for the rules and the dashboards alike:
     neither builder spells the series they are made of."""
     for path in BUILDERS:
         text = path.read_text()
@@ -211,7 +209,7 @@ def test_shared_figures_are_written_once_in_the_query_blocks():
             "unrecognized|unreadable",
             "histogram_quantile(",
         ):
-            assert series not in text, f"{path.name} writes {series} itself: use alerts/queries.py"
+            assert series not in text, f"{path.name} writes {series} itself: use mixin/queries.py"
 
 
 def test_overview_has_the_latency_users_know_a_table_per_server_and_restart_marks():

@@ -83,7 +83,7 @@ def test_compose_wiring_agrees():
 
 
 def test_rules_selector_matches_the_scrape_job():
-    sel = yaml.safe_load((ROOT / "alerts/config/thresholds.yaml").read_text())["selector"]
+    sel = yaml.safe_load((ROOT / "mixin/thresholds.yaml").read_text())["selector"]
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     assert sel == 'job="llamacpp"' and any(j["job_name"] == "llamacpp" for j in prom["scrape_configs"])
 
@@ -249,7 +249,7 @@ def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path):
 
 # ---------------------------------------------------------------- the ninety-day points
 def test_operator_objects_carry_the_label_kube_prometheus_stack_selects():
-    labels = yaml.safe_load((ROOT / "alerts/config/thresholds.yaml").read_text())["kubernetes_labels"]
+    labels = yaml.safe_load((ROOT / "mixin/thresholds.yaml").read_text())["kubernetes_labels"]
     assert labels == {"release": "kube-prometheus-stack"}
     for d in _kind("PodMonitor") + _kind("ServiceMonitor") + _kind("PrometheusRule"):
         assert labels.items() <= d["metadata"]["labels"].items(), d["kind"]

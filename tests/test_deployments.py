@@ -16,7 +16,7 @@ import pytest
 from realserver import STARTED, ExporterProcess, LlamaServer, free_port, terminate, wait_for, wait_healthy
 from support import log_lines, replay_records, samples, truths, value, wait_records
 
-from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.pipeline import Pipeline
 
 

@@ -22,7 +22,7 @@ def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails with EFBIG instead
         resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
         from prometheus_client import CollectorRegistry
-        from llamacpp_exporter.pipeline import EventsFile
+        from llamacpp_exporter.export.events import EventsFile
         from llamacpp_exporter.records import RequestRecord
         reg = CollectorRegistry()
         ev = EventsFile({str(path)!r}, reg)
@@ -46,7 +46,7 @@ def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path):
 def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path):
     from prometheus_client import CollectorRegistry
 
-    from llamacpp_exporter.pipeline import EventsFile, events_files, written_records
+    from llamacpp_exporter.export.events import EventsFile, events_files, written_records
     from llamacpp_exporter.records import RequestRecord
 
     path = tmp_path / "events.jsonl"
@@ -79,7 +79,7 @@ def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path):
 def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path):
     from prometheus_client import CollectorRegistry
 
-    from llamacpp_exporter.pipeline import EventsFile, events_files
+    from llamacpp_exporter.export.events import EventsFile, events_files
     from llamacpp_exporter.records import RequestRecord
 
     never, none_kept = tmp_path / "never.jsonl", tmp_path / "none.jsonl"

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
-from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.pipeline import replay
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"

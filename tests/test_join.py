@@ -9,8 +9,16 @@ from __future__ import annotations
 import pytest
 from support import SALT, by_timings, log_lines, replay, truths
 
-from llamacpp_exporter.conversations import Pseudonymizer
-from llamacpp_exporter.join import HEADER, ID_DELAY_US, MAX_ARRIVALS, NONE, STALE_ARRIVAL_US, UNCERTAIN, HeaderJoin
+from llamacpp_exporter.assemble.join import (
+    HEADER,
+    ID_DELAY_US,
+    MAX_ARRIVALS,
+    NONE,
+    STALE_ARRIVAL_US,
+    UNCERTAIN,
+    HeaderJoin,
+)
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 
 MS = 1000
 

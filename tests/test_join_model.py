@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from llamacpp_exporter.join import HEADER, ID_DELAY_US, NONE, UNCERTAIN, HeaderJoin
+from llamacpp_exporter.assemble.join import HEADER, ID_DELAY_US, NONE, UNCERTAIN, HeaderJoin
 
 MS = 1000
 

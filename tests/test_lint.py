@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parent.parent
-PATHS = ["exporter", "tests", "benchmarks", "alerts", "dashboards"]
+PATHS = ["exporter", "tests", "benchmarks", "mixin"]
 
 
 def test_ruff_lint():

@@ -13,8 +13,8 @@ import pytest
 from realserver import ExporterProcess, free_port, wait_for
 from support import LOGS
 
-from llamacpp_exporter.analyze import read_events
-from llamacpp_exporter.conversations import Pseudonymizer
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.offline.analyze import read_events
 from llamacpp_exporter.pipeline import Pipeline
 
 pytestmark = pytest.mark.integration
@@ -130,7 +130,7 @@ def test_records_wait_for_the_join_at_most_its_bound():
     lets the time pass (the tests above)."""
     from prometheus_client import CollectorRegistry
 
-    from llamacpp_exporter.attribution import JOIN_WAIT_US
+    from llamacpp_exporter.assemble.attribution import JOIN_WAIT_US
 
     for name in ("lv4-np2-slow-machine", "lv4-np2-impatient-ids", "lv4-np2-starved"):
         lines = (LOGS / f"{name}.log").read_text(errors="replace").splitlines()

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from llamacpp_exporter import parse as p
-from llamacpp_exporter.attribution import Attribution, lineage_parent
-from llamacpp_exporter.finish import AssemblySettings, Finisher
-from llamacpp_exporter.join import DeferredQueue
-from llamacpp_exporter.logclock import RESTART_CONFIRM_LINES, LogClock
-from llamacpp_exporter.lora import LoraTracker, state
-from llamacpp_exporter.promptcache import PromptCacheLog, Selection
+from llamacpp_exporter.assemble.attribution import Attribution, lineage_parent
+from llamacpp_exporter.assemble.finish import AssemblySettings, Finisher
+from llamacpp_exporter.assemble.join import DeferredQueue
+from llamacpp_exporter.assemble.logclock import RESTART_CONFIRM_LINES, LogClock
+from llamacpp_exporter.assemble.lora import LoraTracker, state
+from llamacpp_exporter.assemble.promptcache import PromptCacheLog, Selection
+from llamacpp_exporter.assemble.serverstate import ServerState
 from llamacpp_exporter.records import RequestRecord, SlotState, TaskDraft
-from llamacpp_exporter.serverstate import ServerState
 
 
 class Calls:
@@ -49,7 +49,7 @@ def test_lora_config_compares_as_the_server_does(request_scales, global_scales, 
 
 
 def test_lora_per_task_is_bounded_and_keeps_the_newest():
-    from llamacpp_exporter.lora import MAX_TASKS
+    from llamacpp_exporter.assemble.lora import MAX_TASKS
 
     t = LoraTracker()
     for task in range(MAX_TASKS + 10):
@@ -245,7 +245,7 @@ def test_the_record_is_frozen_and_classified():
 
 
 def test_pending_records_are_bounded():
-    from llamacpp_exporter.finish import MAX_PENDING
+    from llamacpp_exporter.assemble.finish import MAX_PENDING
 
     f, out = finisher(slots_polled=True)  # each waits for a poll that never comes
     for task in range(MAX_PENDING + 5):

@@ -13,8 +13,8 @@ from realserver import ExporterProcess, LlamaServer
 from support import expected_from_truth, match, samples, start_exporter, wait_records
 from workload import CANARY, Truth, chat_workload, seed_scenario
 
-from llamacpp_exporter import analyze, report
-from llamacpp_exporter.finish import AssemblySettings
+from llamacpp_exporter.assemble.finish import AssemblySettings
+from llamacpp_exporter.offline import analyze, report
 
 pytestmark = pytest.mark.real_server
 

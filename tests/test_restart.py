@@ -119,7 +119,7 @@ def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_
     import subprocess
     import sys
 
-    from llamacpp_exporter.pipeline import events_files
+    from llamacpp_exporter.export.events import events_files
 
     lines, log, events, args = _setup(tmp_path)
     args += ["--events.max-bytes", "4096", "--events.max-files", "1000"]

@@ -34,7 +34,7 @@ def alerts() -> list[dict]:
 
 
 def test_generated_rules_are_up_to_date():
-    res = subprocess.run([sys.executable, str(ALERTS / "build.py"), "--check"], capture_output=True, text=True)
+    res = subprocess.run([sys.executable, "-m", "mixin", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
@@ -120,11 +120,11 @@ def test_user_facing_text_describes_the_case_not_our_name_for_it():
         ROOT / "README.md",
         ALERTS / "runbook.md",
         *ALERTS.glob("*.yaml"),
-        ALERTS / "config" / "thresholds.yaml",
+        ROOT / "mixin" / "thresholds.yaml",
         *(ROOT / "dashboards").glob("*.json"),
-        ROOT / "exporter" / "llamacpp_exporter" / "top.py",
+        ROOT / "exporter" / "llamacpp_exporter" / "export" / "top.py",
         ROOT / "exporter" / "llamacpp_exporter" / "cli.py",
-        ROOT / "exporter" / "llamacpp_exporter" / "metrics.py",
+        ROOT / "exporter" / "llamacpp_exporter" / "export" / "metrics.py",
     ]
     for f in files:
         assert not re.search(r"\bseed'?s?\b", f.read_text(), re.IGNORECASE), f

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from realserver import ExporterProcess, free_port, wait_for
 
 from llamacpp_exporter.records import SlotsSnapshot
-from llamacpp_exporter.server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
+from llamacpp_exporter.sources.llama_server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
 
 FIX = Path(__file__).parent / "fixtures" / "server"
 
@@ -487,7 +487,7 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
     the answer ends. /slots dripping (60 s in all): given up after its own 5 s deadline, while
     /health, polled on its own thread, keeps reporting the truth. The scales are far apart so
     that a slow machine cannot blur them."""
-    import llamacpp_exporter.server as server_mod
+    import llamacpp_exporter.sources.llama_server as server_mod
 
     monkeypatch.setattr(server_mod, "QUEUED_READ_TIMEOUT", 5.0)
 
@@ -580,7 +580,7 @@ def test_a_burst_of_parallel_scrapes_is_answered(tmp_path):
 
 
 def test_a_server_family_with_too_many_series_is_cut_and_said():
-    from llamacpp_exporter.server import MAX_SERVER_SERIES, TooManySeries
+    from llamacpp_exporter.sources.llama_server import MAX_SERVER_SERIES, TooManySeries
 
     text = "# TYPE llamacpp:requests_processing gauge\n" + "".join(
         f'llamacpp:requests_processing{{x="{i}"}} 1\n' for i in range(100_000)
@@ -593,7 +593,7 @@ def test_a_server_family_with_too_many_series_is_cut_and_said():
 def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing():
     import resource
 
-    from llamacpp_exporter.server import slots_json
+    from llamacpp_exporter.sources.llama_server import slots_json
 
     body = b"[" + b",".join([b"{}"] * 5_000_000) + b"]"  # 10 MB
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -608,7 +608,7 @@ def test_an_exporter_thread_that_dies_ends_the_process_to_be_restarted(tmp_path)
     # fault injection: the poller's loop raising past its own guard (a bug); the process must
     # not live on with frozen values
     script = (
-        "import sys, llamacpp_exporter.server as s\n"
+        "import sys, llamacpp_exporter.sources.llama_server as s\n"
         "def broken(self, stop):\n"
         "    raise RuntimeError('injected fault')\n"
         "s.ServerPoller.run = broken\n"

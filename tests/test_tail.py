@@ -14,7 +14,14 @@ import pytest
 from realserver import wait_for
 from support import value
 
-from llamacpp_exporter.tail import FileFollower, LineSplitter, SourceStats, follow_command, follow_stream, run_start
+from llamacpp_exporter.sources.tail import (
+    FileFollower,
+    LineSplitter,
+    SourceStats,
+    follow_command,
+    follow_stream,
+    run_start,
+)
 
 
 class Collect:
@@ -290,7 +297,7 @@ def test_exporter_follows_a_command(tmp_path):
 
 @pytest.mark.integration
 def test_directory_watch_wakes_on_append(tmp_path):
-    from llamacpp_exporter.tail import DirectoryWatch
+    from llamacpp_exporter.sources.tail import DirectoryWatch
 
     f = tmp_path / "s.log"
     f.write_text("")
@@ -379,7 +386,7 @@ def test_a_command_that_replays_its_history_at_every_restart_counts_each_request
     def two_restarts_read(stats: SourceStats, counting: _CountingPipeline) -> None:
         wait_for(lambda: stats.command_restarts >= 2 and counting.lines + stats.replayed_lines >= 3 * n, "3 runs read")
 
-    caplog.set_level("WARNING", logger="llamacpp_exporter.tail")
+    caplog.set_level("WARNING", logger="llamacpp_exporter.sources.tail")
     recs, stats, pl = _records_through_command(f"cat {log}", two_restarts_read)
     restarts = [r.getMessage() for r in caplog.records if "restarting in" in r.getMessage()]
     assert restarts[:2] == [

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamacpp_exporter.timeline import MAX_PREFILL_HISTORY, PrefillTimeline, union_us
+from llamacpp_exporter.assemble.timeline import MAX_PREFILL_HISTORY, PrefillTimeline, union_us
 
 
 def test_a_prefill_runs_from_its_first_batch_to_its_end_and_overlaps_other_slots():

@@ -18,7 +18,7 @@ from promql import Prometheus
 from realserver import free_port, terminate
 
 from llamacpp_exporter.config import ConfigError
-from llamacpp_exporter.web import load_web_config
+from llamacpp_exporter.export.web_config import load_web_config
 
 pytestmark = pytest.mark.integration
 
@@ -188,7 +188,7 @@ def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path):
 def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path):
     import threading
 
-    from llamacpp_exporter import web as webmod
+    from llamacpp_exporter.export import web_config as webmod
 
     f = tmp_path / "web.yml"
     f.write_text(

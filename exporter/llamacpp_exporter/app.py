@@ -33,13 +33,16 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from . import __version__
-from .assemble import AssemblySettings
+from .assemble.assembler import AssemblySettings
+from .assemble.pseudonyms import Pseudonymizer
 from .config import Config, parse_listen_address, position_file, read_api_key, read_salt, redact_url
-from .conversations import ConversationCosts, Pseudonymizer
-from .pipeline import Pipeline, written_records
+from .export.conversations import ConversationCosts
+from .export.events import written_records
+from .export.web_config import WebSecurity, load_web_config
+from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
-from .server import ServerPoller
-from .tail import (
+from .sources.llama_server import ServerPoller
+from .sources.tail import (
     FileFollower,
     LineSplitter,
     LogPosition,
@@ -50,7 +53,6 @@ from .tail import (
     load_position,
     save_position,
 )
-from .web import WebSecurity, load_web_config
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from prometheus_client import disable_created_metrics
 
 from . import __version__
 from .config import DEFAULT_LISTEN, Config, ConfigError, load_file, override, read_api_key, read_salt, validate
-from .web import load_web_config
+from .export.web_config import load_web_config
 
 log = logging.getLogger("llamacpp_exporter")
 
@@ -320,11 +320,11 @@ def setup_logging(level: str, fmt: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["top"]:
-        from .top import main as top_main  # noqa: PLC0415
+        from .export.top import main as top_main  # noqa: PLC0415
 
         return top_main(argv[1:])
     if argv[:1] == ["analyze"]:
-        from .analyze import main as analyze_main  # noqa: PLC0415
+        from .offline.analyze import main as analyze_main  # noqa: PLC0415
 
         return analyze_main(argv[1:])
     args = build_parser().parse_args(argv)

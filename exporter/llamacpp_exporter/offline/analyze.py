@@ -23,16 +23,18 @@ from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
+from ..assemble.classify import outcome
+from ..assemble.finish import AssemblySettings
+from ..assemble.pseudonyms import Pseudonymizer
+from ..config import ConversationsConfig, read_salt
+from ..export.conversations import ConversationCosts
+from ..export.events import events_files
+from ..pipeline import Pipeline
+from ..records import RequestRecord
 from . import plots, report
-from .classify import outcome
-from .config import ConversationsConfig, read_salt
-from .conversations import ConversationCosts, Pseudonymizer
-from .finish import AssemblySettings
 from .history import History
-from .pipeline import Pipeline, events_files
-from .records import RequestRecord
 
-log = logging.getLogger("llamacpp_exporter.analyze")
+log = logging.getLogger("llamacpp_exporter.offline.analyze")
 _ROTATED = re.compile(r"^(?P<base>.*?)(?:[.-](?P<n>\d+))?(?:\.gz)?$")
 PROGRESS_BYTES = 64 << 20  # show progress on inputs larger than this
 

@@ -13,9 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import parse as p
+from .. import parse as p
+from ..records import TaskDraft, selection_path
 from .cachemirror import CacheMirror, Source
-from .records import TaskDraft, selection_path
 
 MIB = 1048576.0
 # An entry this long or longer that a prompt contains whole is that prompt's own history: a

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from .records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
+from ..records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
 
 log = logging.getLogger(__name__)
 

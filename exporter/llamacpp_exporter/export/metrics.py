@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from .records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
+from ..records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
 
 PREFILL_SECONDS_BUCKETS = (
     0.005,

@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from .records import LORA_STATES
+from ..records import LORA_STATES
 
 BINS = 24
 

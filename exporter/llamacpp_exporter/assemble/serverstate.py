@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from . import parse as p
-from .records import MAX_SLOTS
+from .. import parse as p
+from ..records import MAX_SLOTS
 
 
 class ServerSink(Protocol):

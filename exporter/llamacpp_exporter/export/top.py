@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from .config import DEFAULT_PORT
-from .report import cell
+from ..config import DEFAULT_PORT
+from ..offline.report import cell
 
 COLUMNS = (
     ("CONVERSATION", "conversation", 14),

@@ -1,7 +1,4 @@
-"""Render the Grafana dashboards (JSON, provisioned from files as they are).
-
-    .venv/bin/python dashboards/build.py          # writes dashboards/*.json
-    .venv/bin/python dashboards/build.py --check  # exit 1 if the committed files are stale
+"""The Grafana dashboards (dashboards/*.json, provisioned from files as they are).
 
 Every dashboard has datasource, job and instance variables, a stable uid, and a unit and a
 description on every panel. Queries aggregate across the selected instances, so one
@@ -12,13 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "alerts"))
-import queries as q  # noqa: E402  (the PromQL blocks the rules use too)
+from . import queries as q  # the PromQL blocks the rules use too
 
 THRESHOLDS = q.thresholds()
 WINDOWS = THRESHOLDS["windows"]
@@ -1216,23 +1209,7 @@ DASHBOARDS = {
 
 
 def render() -> dict[str, str]:
-    return {name: json.dumps(fn(), indent=2, ensure_ascii=False) + "\n" for name, fn in DASHBOARDS.items()}
-
-
-def main() -> int:
-    stale = []
-    for name, text in render().items():
-        path = HERE / name
-        if "--check" in sys.argv:
-            if not path.exists() or path.read_text() != text:
-                stale.append(name)
-        else:
-            path.write_text(text)
-    if stale:
-        print(f"stale: {', '.join(stale)}; run dashboards/build.py", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    """File name (relative to the repository) -> content."""
+    return {
+        f"dashboards/{name}": json.dumps(fn(), indent=2, ensure_ascii=False) + "\n" for name, fn in DASHBOARDS.items()
+    }

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError
+from ..config import ConfigError
 
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
 _CLIENT_AUTH = {

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from .records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
+from ..records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
 
 SMALL_SAMPLE = 30  # a rate over fewer requests than this is flagged
 RATE_PATHS = ("ram", "slot", "pinned", "unknown", "all")

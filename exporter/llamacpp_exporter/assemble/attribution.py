@@ -13,10 +13,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from . import parse as p
+from .. import parse as p
+from ..records import RequestRecord
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
 from .promptcache import CONTAINED_MIN_TOKENS, Selection
-from .records import RequestRecord
 
 TaskKey = tuple[int, int]  # (epoch, task)
 Conversation = tuple[str | None, str]  # (pseudonym or None, source: header, lineage, uncertain)

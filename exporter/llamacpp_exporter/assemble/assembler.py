@@ -16,14 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import parse as p
+from .. import parse as p
+from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft
 from .attribution import Attribution, AttributionSink, continued_tasks, lineage_parent
-from .conversations import Pseudonymizer
 from .finish import AssemblySettings, Finisher
 from .logclock import LogClock
 from .lora import LoraTracker
 from .promptcache import CacheSink, PromptCacheLog, Selection
-from .records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft
+from .pseudonyms import Pseudonymizer
 from .serverstate import ServerSink, ServerState
 from .timeline import PrefillTimeline
 

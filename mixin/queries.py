@@ -1,7 +1,7 @@
-"""PromQL building blocks of the recording rules, the alerts (alerts/build.py) and the
-dashboards (dashboards/build.py). A ratio or a mean is written once, here, so that a dashboard
+"""PromQL building blocks of the recording rules, the alerts (mixin/rules.py) and the
+dashboards (mixin/dashboards.py). A ratio or a mean is written once, here, so that a dashboard
 and a rule cannot compute the same figure two ways; every fixed window comes from
-alerts/config/thresholds.yaml. Each block takes the series selector (the rules' job, the
+mixin/thresholds.yaml. Each block takes the series selector (the rules' job, the
 dashboards' $job and $instance), the labels to keep, and the window.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-THRESHOLDS_PATH = Path(__file__).resolve().parent / "config" / "thresholds.yaml"
+THRESHOLDS_PATH = Path(__file__).resolve().parent / "thresholds.yaml"
 
 OUTCOMES = "llamacpp_prompt_cache_outcomes_total"
 RESTORES = "llamacpp_prompt_cache_restores_total"

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..records import RequestRecord, TaskDraft
 from . import classify, lora
 from .attribution import JOIN_WAIT_US, Attribution
 from .lora import LoraTracker
-from .records import RequestRecord, TaskDraft
 from .timeline import PrefillTimeline, union_us
 
 MAX_PENDING = 256

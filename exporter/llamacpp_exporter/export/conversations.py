@@ -1,7 +1,8 @@
-"""Conversations: pseudonymous identity, and what each one costs the others.
+"""Conversations: what each one costs the others.
 
 A conversation is named by the client's X-Conversation-Id header or, without one, by cache
-lineage (see assemble.py). Either way only a salted HMAC of the name leaves this process.
+lineage (see assemble/attribution.py). Either way only its pseudonym (assemble/pseudonyms.py)
+leaves this process.
 
 ``ConversationCosts`` keeps, per conversation, one-minute buckets of prefill seconds,
 prompt tokens re-processed although the cache had offered them, and the decode time its
@@ -11,10 +12,7 @@ the top-N metrics, the JSON API and ``llamacpp-exporter top``.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
-import hmac
-import secrets
 import threading
 import time
 from collections import OrderedDict, deque
@@ -25,22 +23,10 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .records import RequestRecord
+from ..records import RequestRecord
 
 OTHER = "other"
 BUCKET_SECONDS = 60
-
-
-class Pseudonymizer:
-    """HMAC-SHA256 of the raw id under a salt, 12 hex digits. Without a configured salt a
-    random one is drawn at start: pseudonyms are then stable only for this process."""
-
-    def __init__(self, salt: str | None = None) -> None:
-        self.random_salt = not salt
-        self._key = (salt or secrets.token_hex(32)).encode()
-
-    def __call__(self, raw: str) -> str:
-        return "c" + hmac.new(self._key, raw.encode("utf-8", "replace"), hashlib.sha256).hexdigest()[:12]
 
 
 @dataclass(slots=True)
