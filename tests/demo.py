@@ -8,12 +8,12 @@ Run it with tests/demo.sh (which does the set-up). --keep leaves both running.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from pathlib import Path
 
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
+from support import wait_records
 from workload import chat_workload
 
 KEY_METRICS = (
@@ -53,15 +53,7 @@ def main() -> None:
         print("running 6 concurrent conversations, even ones with the LoRA adapter ...")
         truths = chat_workload(srv.url, turns=args.turns)
         events = work / "events.jsonl"
-        deadline = time.monotonic() + 30
-        recs: list[dict] = []
-        while time.monotonic() < deadline and len(recs) < len(truths):
-            time.sleep(0.5)
-            recs = (
-                [r for r in map(json.loads, events.read_text().splitlines()) if "proof" not in r]
-                if events.exists()
-                else []
-            )
+        recs = wait_records(events, len(truths), 30)
         print(
             f"\n{'task':>5} {'slot':>4} {'path':>6} {'lora':>7} {'prompt':>6} {'reused':>6} "
             f"{'restore':>24} {'prefill s':>9} {'ms/token':>8} {'overlap s':>9}"

@@ -7,12 +7,12 @@ import json
 import re
 import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import yaml
+from realserver import wait_for, wait_healthy
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
@@ -105,16 +105,7 @@ class Prometheus:
             stderr=self.log,
             stdin=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (workdir / "prometheus.log").read_text()[-3000:]
-            try:
-                if httpx.get(self.url + "/-/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("prometheus did not become ready")
+        wait_healthy(self.proc, self.url + "/-/ready", 30, f"prometheus (log {workdir / 'prometheus.log'})")
 
     @property
     def url(self) -> str:
@@ -123,17 +114,18 @@ class Prometheus:
     def wait_scraped(self, n_targets: int, timeout: float = 60.0) -> None:
         """Prometheus hands targets to its scrape loop only after a few seconds: wait until every
         target has been scraped, then for one more scrape, so counters start from their zeros."""
-        deadline = time.monotonic() + timeout
         first: dict[str, str] = {}
-        while time.monotonic() < deadline:
+
+        def scraped_again() -> bool:
             targets = httpx.get(self.url + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
             scraped = {t["scrapeUrl"]: t["lastScrape"] for t in targets if t["health"] == "up"}
             if not first and len(scraped) >= n_targets:
-                first = scraped
-            elif first and all(scraped.get(u, last) != last for u, last in first.items()):
-                return  # each target scraped again since all were first up
-            time.sleep(0.3)
-        raise RuntimeError("prometheus did not scrape its targets")
+                first.update(scraped)
+                return False
+            # each target scraped again since all were first up
+            return bool(first) and all(scraped.get(u, last) != last for u, last in first.items())
+
+        wait_for(scraped_again, f"prometheus scraping its {n_targets} targets twice", timeout, 0.3)
 
     def query(self, promql: str) -> dict:
         r = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -24,6 +25,7 @@ CACHE = Path(
     )
 )
 MODELS = CACHE / "models"
+T = TypeVar("T")
 
 
 def free_port() -> int:
@@ -53,26 +55,37 @@ def model_files() -> tuple[Path, Path]:
     return Path(out[0]), Path(out[1])
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+def wait_for(
+    condition: Callable[[], T],
+    what: str,
+    timeout: float = 60.0,
+    interval: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> T:
+    """The one deadline loop of the tests: condition() until it returns something true, which is
+    returned; an exception in ``ignore`` counts as not yet. AssertionError naming ``what`` after
+    ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not condition():
+    last: object = None
+    while True:
+        try:
+            last = condition()
+            if last:
+                return last  # type: ignore[return-value]
+        except ignore as e:
+            last = e
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not there after {timeout}s")
-        time.sleep(0.05)
+            raise AssertionError(f"{what}: not there after {timeout}s (last: {str(last)[:300]})")
+        time.sleep(interval)
 
 
 def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not become healthy in {timeout} s")
+        return httpx.get(url, timeout=1).status_code == 200
+
+    wait_for(up, f"{what} healthy at {url}", timeout, interval=0.2, ignore=(httpx.HTTPError,))
 
 
 # every process a test started: one that a failing test never stopped is stopped at the end of
@@ -226,20 +239,16 @@ class ExporterProcess:
             lambda: "following " in self.stderr_path.read_text(), f"the exporter following its log ({self.stderr_path})"
         )
 
+    def lines_processed(self) -> int:
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in self.metrics_text().splitlines()
+            if line.startswith("llamacpp_exporter_log_lines_total{")
+        )
+
     def wait_lines_processed(self, n: int, timeout: float = 120.0) -> None:
         """Until the pipeline has processed n log lines (its own counter, not a guess at time)."""
-        deadline = time.monotonic() + timeout
-        done = -1
-        while time.monotonic() < deadline:
-            done = sum(
-                int(float(line.rsplit(" ", 1)[1]))
-                for line in self.metrics_text().splitlines()
-                if line.startswith("llamacpp_exporter_log_lines_total{")
-            )
-            if done >= n:
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"the exporter processed {done} of {n} log lines in {timeout}s")
+        wait_for(lambda: self.lines_processed() >= n, f"the exporter processing {n} log lines", timeout, 0.1)
 
     def stop(self) -> None:
         terminate(self.proc)

@@ -7,12 +7,11 @@ import dataclasses
 import json
 import logging
 import re
-import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from realserver import ExporterProcess, LlamaServer
+from realserver import ExporterProcess, LlamaServer, wait_for
 from workload import Truth
 
 from llamacpp_exporter.assemble.classify import outcome
@@ -183,16 +182,12 @@ def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterP
 
 
 def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    recs: list[dict] = []
-    while time.monotonic() < deadline:
-        if path.exists():
-            # the records, each with a conversation proven after it was written (a proof line)
-            recs = read_events([str(path)])[0]
-            if len(recs) >= n:
-                return recs
-        time.sleep(0.2)
-    raise AssertionError(f"only {len(recs)} of {n} records arrived in {timeout}s")
+    def enough() -> list[dict]:
+        # the records, each with a conversation proven after it was written (a proof line)
+        recs = read_events([str(path)])[0] if path.exists() else []
+        return recs if len(recs) >= n else []
+
+    return wait_for(enough, f"{n} records in {path}", timeout, 0.2)
 
 
 def expected_from_truth(rows: list[dict], settings: AssemblySettings) -> dict:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from realserver import BusyLoop, LlamaServer
+from realserver import BusyLoop, LlamaServer, wait_for
 from support import grouping_accuracy, match, samples, start_exporter, wait_records
 from workload import LONG_CONV, Contention, Truth, contention_workload
 
@@ -28,16 +27,13 @@ def wait_matched(path: Path, truths: list[Truth], timeout: float = 60.0) -> list
     """The events file once every response has its record. Counting lines is not enough: the
     impatient clients' tasks have records too, and a record is written only once the prefills
     it overlapped have the server's timings, so the last responses' records can come later."""
-    deadline = time.monotonic() + timeout
-    while True:
-        recs = wait_records(path, len(truths), timeout=max(1.0, deadline - time.monotonic()))
-        try:
-            match(recs, truths)
-            return recs
-        except AssertionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+
+    def matched() -> list[dict]:
+        recs = wait_records(path, len(truths), 1.0)  # AssertionError while fewer
+        match(recs, truths)  # AssertionError until every response has its record
+        return recs
+
+    return wait_for(matched, "a record for every response", timeout, 0.2, ignore=(AssertionError,))
 
 
 def run(parts, workdir: Path, send_ids: bool):

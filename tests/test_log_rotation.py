@@ -8,11 +8,10 @@ import gzip
 import os
 import shutil
 import subprocess
-import time
 
 import httpx
 import pytest
-from realserver import ROOT, ExporterProcess, LlamaServer, llama_server_binary, model_files
+from realserver import ROOT, ExporterProcess, LlamaServer, llama_server_binary, model_files, wait_for
 from workload import completion, text
 
 pytestmark = pytest.mark.real_server
@@ -61,9 +60,7 @@ def test_exporter_counts_every_request_across_copytruncate_rotations(tmp_path):
                     sent += 1
 
             def counted() -> float:
-                deadline = time.monotonic() + 20
-                while time.monotonic() < deadline and requests_total(exp) < sent:
-                    time.sleep(0.2)
+                wait_for(lambda: requests_total(exp) >= sent, f"{sent} requests counted", 20, 0.2)
                 return requests_total(exp)
 
             burst(4)

@@ -213,11 +213,7 @@ def test_wrongful_lora_discard_alert_reaches_the_receiver(stack):
             and a["status"] == "firing"
         ]
 
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not arrived():
-        time.sleep(0.5)
-    assert arrived(), f"received: {receiver.alerts}"
-    alert = arrived()[0]
+    alert = wait_for(arrived, f"the alert at the receiver (received: {len(receiver.alerts)})", 60, 0.5)[0]
     assert alert["labels"]["severity"] == "warning" and alert["labels"]["lora"] == "active"
     assert alert["annotations"]["runbook_url"].endswith("#llamacpppromptcachewrongfulloradiscard")
     assert "re-prefilled for nothing" in alert["annotations"]["description"]

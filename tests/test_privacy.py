@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from realserver import ExporterProcess, free_port
+from realserver import ExporterProcess, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,9 +36,7 @@ def test_no_text_leaves_the_exporter(tmp_path):
         tmp_path,
     ).start()
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not (events.exists() and events.read_text()):
-            time.sleep(0.1)
+        wait_for(lambda: events.exists() and events.read_text(), "the record in the events file", 10, 0.1)
         text = httpx.get(exp.url + "/metrics").text
         om = httpx.get(exp.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}).text
     finally:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
-from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
+from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files, wait_for
 
 pytestmark = pytest.mark.real_server
 
@@ -50,9 +49,7 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
             body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "grammar": forged}
             assert c.post("/v1/chat/completions", json=body).status_code == 400  # not a grammar
         assert CANARY in server.log_path.read_text(errors="replace") or verbosity < 4  # the server's log has it
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and (not events.exists() or events.read_text().count("\n") < 2):
-            time.sleep(0.2)
+        wait_for(lambda: events.exists() and events.read_text().count("\n") >= 2, "two records", 20, 0.2)
         outputs = {
             "metrics": httpx.get(exp.url + "/metrics").text,
             "openmetrics": httpx.get(exp.url + "/metrics", headers={"Accept": "application/openmetrics-text"}).text,

@@ -302,12 +302,7 @@ def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path
         ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.poll-interval", "0.2"], tmp_path
     ).start()
     try:
-        deadline = time.monotonic() + 5
-        text = ""
-        while time.monotonic() < deadline and 'llamacpp_up{endpoint="health"} 0.0' not in text:
-            text = exp.metrics_text()
-            time.sleep(0.1)
-        assert 'llamacpp_up{endpoint="health"} 0.0' in text
+        wait_for(lambda: 'llamacpp_up{endpoint="health"} 0.0' in exp.metrics_text(), "llamacpp_up 0", 5, 0.1)
         assert "/metrics" in httpx.get(exp.url + "/").text
         assert httpx.get(exp.url + "/nope").status_code == 404
         om = httpx.get(exp.url + "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})

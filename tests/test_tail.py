@@ -264,17 +264,12 @@ def _run_exporter_on(source_args: list[str], stdin_bytes: bytes | None, tmp_path
             assert proc.stdin is not None
             proc.stdin.write(stdin_bytes)
             proc.stdin.close()
-        deadline = time.monotonic() + 90
-        text = ""
-        while time.monotonic() < deadline:
-            try:
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
-                if 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        return text
+
+        def all_counted() -> str:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+            return text if 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text else ""
+
+        return wait_for(all_counted, "30 requests counted", 90, 0.1, ignore=(httpx.HTTPError,))
     finally:
         proc.terminate()
         proc.wait(10)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 import yaml
 from promql import Prometheus
-from realserver import free_port, terminate
+from realserver import free_port, terminate, wait_for
 
 from llamacpp_exporter.config import ConfigError
 from llamacpp_exporter.export.web_config import load_web_config
@@ -63,14 +63,13 @@ def secured(tmp_path_factory):
     )  # fmt: skip
     err.close()
     url = f"https://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url + "/-/healthy", verify=ssl.create_default_context(cafile=str(ca)), timeout=1)
-            break
-        except httpx.HTTPError:
-            assert proc.poll() is None, (d / "exporter.stderr").read_text()
-            time.sleep(0.1)
+
+    def answers() -> bool:
+        assert proc.poll() is None, (d / "exporter.stderr").read_text()
+        httpx.get(url + "/-/healthy", verify=ssl.create_default_context(cafile=str(ca)), timeout=1)
+        return True
+
+    wait_for(answers, "the exporter answering over TLS", 20, 0.1, ignore=(httpx.HTTPError,))
     yield {"url": url, "ca": ca, "port": port, "dir": d, "web": web}
     terminate(proc)
     assert "Traceback" not in (d / "exporter.stderr").read_text()
@@ -105,13 +104,14 @@ def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path)
         },
     )
     try:
-        deadline = time.monotonic() + 30
-        health: dict[str, str] = {}
-        while time.monotonic() < deadline and set(health.values()) != {"up", "down"}:
-            time.sleep(0.5)
+
+        def scraped() -> dict[str, str]:
             targets = httpx.get(prom.url + "/api/v1/targets", timeout=5).json()["data"]["activeTargets"]
             health = {t["labels"]["job"]: t["health"] for t in targets}
-        assert health == {"llamacpp": "up", "wrong-password": "down"}, targets
+            return health if set(health.values()) == {"up", "down"} else {}
+
+        health = wait_for(scraped, "one target up, one down", 30, 0.5)
+        assert health == {"llamacpp": "up", "wrong-password": "down"}, health
         res = prom.query('llamacpp_exporter_build_info{job="llamacpp"}')["data"]["result"]
         assert res and res[0]["metric"]["version"]
     finally:
@@ -237,27 +237,25 @@ def test_a_flood_of_idle_connections_never_spins_and_scrapes_are_answered_again(
     )  # fmt: skip
     socks: list[socket.socket] = []
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        wait_for(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=1).status_code == 200,
+            "the exporter healthy",
+            20,
+            0.1,
+            ignore=(httpx.HTTPError,),
+        )
         for _ in range(1100):  # more than the descriptors left
             s = socket.create_connection(("127.0.0.1", port))
             socks.append(s)  # connected, sending nothing
         t0, cpu0 = time.monotonic(), _cpu_seconds(proc.pid)
         time.sleep(3)
         busy = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
-        answered = None
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and answered is None:
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
-                answered = time.monotonic() - t0 if r.status_code == 200 else None
-            except httpx.HTTPError:
-                time.sleep(0.5)
+
+        def scrape() -> float:
+            r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+            return time.monotonic() - t0 if r.status_code == 200 else 0.0
+
+        answered = wait_for(scrape, "a scrape answered", 30, 0.5, ignore=(httpx.HTTPError,))
         print(f"1100 idle connections: {busy:.0%} of a core, a scrape answered after {answered} s")
         assert busy < 0.5, busy
         assert answered is not None

@@ -314,6 +314,7 @@ class Pipeline:
                 if a.model == snap.model:
                     a.feed_snapshot(snap)
         except Exception:
+            self.metrics.internal_error()  # counted, as a line's are: a bug must show
             log.exception("internal error while applying a /slots snapshot")
 
     def process_adapters(self, adapters: LoraAdapters) -> None:
