@@ -179,3 +179,45 @@ def test_config_check_never_prints_a_password_from_the_url(url):
         text=True,
     )
     assert res.returncode != 0 and "Pw0rd" not in res.stdout + res.stderr, res.stderr
+
+
+def test_each_setting_is_declared_once_and_the_flags_help_and_checks_are_made_from_it():
+    from llamacpp_exporter.config import describe, settings
+
+    parser = build_parser()
+    flags = {a.option_strings[0]: a for a in parser._actions if a.option_strings}
+    for section, f in settings():
+        m = f.metadata
+        assert m["help"], f"{section}.{f.name} has no help"
+        if m["flag"] is not None:
+            # the flag's help carries the declared default; its value goes to the same key
+            assert flags[m["flag"]].help == describe(f)
+            assert m["flag"].startswith(f"--{section}."), m["flag"]
+        if m["bounds"] is not None:
+            lo, hi = m["bounds"]
+            below = lo - 1 if isinstance(f.default, int) else lo / 2 - 1
+            # the same bound from the YAML file and from the command line, with the same message
+            import dataclasses
+
+            from llamacpp_exporter.config import Config
+
+            bad = dataclasses.replace(
+                Config(),
+                **{section: dataclasses.replace(getattr(Config(), section), **{f.name: type(f.default)(below)})},
+            )
+            if m["zero_allowed"] and below == 0:
+                continue
+            with pytest.raises(ConfigError, match=f"{section}.{f.name}: must be"):
+                validate(bad)
+            if m["flag"] is not None:
+                with pytest.raises(ConfigError, match=f"{section}.{f.name}: must be"):
+                    config_from_args(parser.parse_args([m["flag"], str(type(f.default)(below))]))
+
+
+def test_analyze_checks_its_flags_by_the_same_declarations(capsys):
+    from llamacpp_exporter.offline import analyze
+
+    log = str(Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log")
+    for flag, value in (("--top", "0"), ("--gap", "inf"), ("--min-prompt-tokens", "0"), ("--openmetrics-step", "0")):
+        assert analyze.main([log, flag, value]) == 2
+        assert f"{flag}: must be" in capsys.readouterr().err

@@ -101,17 +101,6 @@ class _LineBatches(LineSplitter):
         self._send()
 
 
-def settings_from(cfg: Config) -> AssemblySettings:
-    return AssemblySettings(
-        min_prompt_tokens=cfg.cache.min_prompt_tokens,
-        hit_ratio=cfg.cache.hit_ratio,
-        miss_ratio=cfg.cache.miss_ratio,
-        contention_fraction=cfg.contention.fraction,
-        small_task_tokens=cfg.takeover.small_task_tokens,
-        big_conversation_tokens=cfg.takeover.big_conversation_tokens,
-    )
-
-
 class _ServerFamilies(Collector):
     """Re-exports llama-server's own /metrics (as last polled) under llamacpp_server_*."""
 
@@ -254,7 +243,7 @@ class Exporter:
         )
         self.pipeline = Pipeline(
             self.registry,
-            settings_from(cfg),
+            AssemblySettings.from_config(cfg),
             events_path=cfg.events.path,
             events_limits=(cfg.events.max_bytes, cfg.events.max_files),
             slots_polled=cfg.llama.poll_slots,

@@ -6,9 +6,11 @@ The command line overrides the file; the file overrides the defaults.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -35,74 +37,210 @@ _MOVED = {
 }
 
 
+def setting(
+    default: Any,
+    help: str,
+    flag: str | None = None,
+    metavar: str | None = None,
+    bounds: tuple[float, float] | None = None,
+    choices: tuple[str, ...] | None = None,
+    zero_allowed: bool = False,
+    default_text: str | None = None,
+) -> Any:
+    """One setting, declared once: its YAML key is the field's name, and its default, bounds,
+    choices, command-line flag and help live here. The parser (cli.py), the checks (validate)
+    and the help text are made from it."""
+    meta = {
+        "help": help,
+        "flag": flag,
+        "metavar": metavar,
+        "bounds": bounds,
+        "choices": choices,
+        "zero_allowed": zero_allowed,
+        "default_text": default_text,
+    }
+    return field(default=default, metadata=meta)
+
+
 @dataclass(frozen=True)
 class LlamaConfig:
-    url: str = "http://127.0.0.1:8080"
-    api_key_file: str | None = None
-    api_key_env: str = "LLAMA_API_KEY"
-    timeout_seconds: float = 2.0
-    poll_interval_seconds: float = 5.0
-    poll_slots: bool = True
-    poll_metrics: bool = True
+    url: str = setting("http://127.0.0.1:8080", "llama-server base URL", flag="--llama.url", metavar="URL")
+    api_key_file: str | None = setting(
+        None,
+        "file holding llama-server's API key (else the environment variable of --llama.api-key-env)",
+        flag="--llama.api-key-file",
+        metavar="FILE",
+    )
+    api_key_env: str = setting(
+        "LLAMA_API_KEY",
+        "environment variable holding llama-server's API key",
+        flag="--llama.api-key-env",
+        metavar="NAME",
+    )
+    timeout_seconds: float = setting(
+        2.0, "timeout of each request to llama-server", flag="--llama.timeout", metavar="SECONDS", bounds=(0.1, 300.0)
+    )
+    poll_interval_seconds: float = setting(
+        5.0,
+        "interval of the periodic polls of /health, /metrics, /slots, /lora-adapters",
+        flag="--llama.poll-interval",
+        metavar="SECONDS",
+        bounds=(0.05, 3600.0),
+    )
+    poll_slots: bool = setting(
+        True, "poll /slots for each task's LoRA and reused tokens", flag="--llama.slots", default_text="on"
+    )
+    poll_metrics: bool = setting(
+        True, "re-export llama-server's /metrics as llamacpp_server_*", flag="--llama.metrics", default_text="on"
+    )
     # llama-server's log, the exporter's input
-    log_path: str | None = None
-    log_command: str | None = None
-    log_from_start: bool = False
-    log_poll_interval_seconds: float = 0.25
-    log_max_line_bytes: int = 1 << 20
-    # where the read position is kept across exporter restarts; default: next to events.path
-    log_position_file: str | None = None
+    log_path: str | None = setting(
+        None,
+        "llama-server log file to follow (rotation and truncation handled), or - for standard input",
+        flag="--llama.log-path",
+        metavar="FILE",
+    )
+    log_command: str | None = setting(
+        None,
+        "command whose output is followed, e.g. 'journalctl -f -n 0 -o cat -u llama-server' or "
+        "'docker logs -f --tail 0 llama' (restarted with backoff if it exits; history it prints again is dropped)",
+        flag="--llama.log-command",
+        metavar="COMMAND",
+    )
+    log_from_start: bool = setting(
+        False,
+        "read the log file from its start, counting every request in it (default: from its end; the "
+        "server run before that is read again to know its state, without counting its requests)",
+        flag="--llama.log-from-start",
+    )
+    log_poll_interval_seconds: float = setting(
+        0.25,
+        "how often the log file is checked for new lines",
+        flag="--llama.log-poll-interval",
+        metavar="SECONDS",
+        bounds=(0.01, 60.0),
+    )
+    log_max_line_bytes: int = setting(
+        1 << 20, "longest log line read whole; longer ones are counted oversized", bounds=(1024, 1 << 30)
+    )
+    log_position_file: str | None = setting(
+        None,
+        "where the read position in --llama.log-path is kept, so that a restarted exporter reads on where it "
+        "stopped (default: next to --events.path; without either, a restart starts at the log's end)",
+        flag="--llama.log-position-file",
+        metavar="FILE",
+    )
 
 
 @dataclass(frozen=True)
 class LogConfig:
     """The exporter's own log, named as in the Prometheus exporter-toolkit (--log.level, --log.format)."""
 
-    level: str = "info"
-    format: str = "logfmt"
+    level: str = setting("info", "the exporter's own log level", flag="--log.level", choices=LOG_LEVELS)
+    format: str = setting("logfmt", "the exporter's own log format", flag="--log.format", choices=LOG_FORMATS)
 
 
 @dataclass(frozen=True)
 class WebConfig:
-    listen_address: str = DEFAULT_LISTEN
-    telemetry_path: str = "/metrics"
-    config_file: str | None = None  # TLS and basic auth, exporter-toolkit format (web.py)
+    listen_address: str = setting(
+        DEFAULT_LISTEN, "address of the exporter's HTTP server", flag="--web.listen-address", metavar="HOST:PORT"
+    )
+    telemetry_path: str = setting(
+        "/metrics", "path of the metrics endpoint", flag="--web.telemetry-path", metavar="PATH"
+    )
+    config_file: str | None = setting(
+        None,
+        "TLS and basic auth for the exporter's HTTP server, in the Prometheus exporter-toolkit format "
+        "(tls_server_config, basic_auth_users with bcrypt hashes)",
+        flag="--web.config.file",
+        metavar="FILE",
+    )
 
 
 @dataclass(frozen=True)
 class EventsConfig:
-    path: str | None = None
-    # rotated (X -> X.1 ...) when a record would take it past max_bytes; 0: never (your own
-    # logrotate, then SIGHUP). At about 860 bytes a record, 100 MiB hold some 120,000 requests.
-    max_bytes: int = 100 << 20
-    max_files: int = 5  # rotated copies kept: the files hold at most max_bytes x (max_files + 1)
+    path: str | None = setting(
+        None,
+        "append one JSON line per request record (numbers and fixed words only, never text)",
+        flag="--events.path",
+        metavar="FILE",
+    )
+    # at about 860 bytes a record, 100 MiB hold some 120,000 requests
+    max_bytes: int = setting(
+        100 << 20,
+        "rotate the events file (FILE -> FILE.1 -> ...) before it grows past this (0: never, for your own "
+        "logrotate with SIGHUP)",
+        flag="--events.max-bytes",
+        metavar="BYTES",
+        bounds=(4096, 1 << 50),
+        zero_allowed=True,
+        default_text="104857600, 100 MiB",
+    )
+    max_files: int = setting(
+        5,
+        "rotated events files kept, FILE.1 to FILE.N; analyze --events FILE reads them all",
+        flag="--events.max-files",
+        metavar="N",
+        bounds=(0, 1000),
+    )
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    min_prompt_tokens: int = 1024
-    hit_ratio: float = 0.9
-    miss_ratio: float = 0.1
+    min_prompt_tokens: int = setting(
+        1024,
+        "smallest prompt counted in llamacpp_prompt_cache_outcomes_total",
+        flag="--cache.min-prompt-tokens",
+        metavar="N",
+        bounds=(1, 1 << 30),
+    )
+    hit_ratio: float = setting(0.9, "share of its prompt a request reuses to count as a hit", bounds=(0.0, 1.0))
+    miss_ratio: float = setting(0.1, "share of its prompt under which a request counts as a miss", bounds=(0.0, 1.0))
 
 
 @dataclass(frozen=True)
 class ContentionConfig:
-    fraction: float = 0.1
+    fraction: float = setting(
+        0.1,
+        "share of a request's decoding overlapped by other slots' prefills that labels it contended",
+        bounds=(0.0, 1.0),
+    )
 
 
 @dataclass(frozen=True)
 class TakeoverConfig:
-    small_task_tokens: int = 256
-    big_conversation_tokens: int = 1024
+    small_task_tokens: int = setting(256, "largest prompt of a small task (a health probe)", bounds=(1, 1 << 30))
+    big_conversation_tokens: int = setting(
+        1024, "smallest slot content that is a big conversation a small task takes over", bounds=(1, 1 << 30)
+    )
 
 
 @dataclass(frozen=True)
 class ConversationsConfig:
-    salt_file: str | None = None
-    salt_env: str = "LLAMACPP_EXPORTER_SALT"
-    window_seconds: float = 900.0
-    top: int = 10
-    max_tracked: int = 10000
+    salt_file: str | None = setting(
+        None,
+        "file holding the salt that pseudonymises conversation ids (else $LLAMACPP_EXPORTER_SALT; "
+        "else a random salt: pseudonyms then change when the exporter restarts)",
+        flag="--conversations.salt-file",
+        metavar="FILE",
+    )
+    salt_env: str = setting("LLAMACPP_EXPORTER_SALT", "environment variable holding the salt")
+    window_seconds: float = setting(
+        900.0,
+        "window of the per-conversation costs and of `top`",
+        flag="--conversations.window",
+        metavar="SECONDS",
+        bounds=(60.0, 7 * 86400.0),
+    )
+    top: int = setting(
+        10,
+        "conversations named in the llamacpp_conversation_* metrics, the rest summed as other (it bounds the "
+        "metric's series)",
+        flag="--conversations.top",
+        metavar="N",
+        bounds=(1, 100),
+    )
+    max_tracked: int = setting(10000, "conversations whose costs are kept", bounds=(1, 1 << 24))
 
 
 @dataclass(frozen=True)
@@ -115,6 +253,70 @@ class Config:
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     takeover: TakeoverConfig = field(default_factory=TakeoverConfig)
     conversations: ConversationsConfig = field(default_factory=ConversationsConfig)
+
+
+def settings() -> list[tuple[str, dataclasses.Field]]:
+    """Every setting as (section, field), in declaration order."""
+    return [
+        (sec.name, f)
+        for sec in dataclasses.fields(Config)
+        for f in dataclasses.fields(sec.default_factory)  # type: ignore[arg-type]
+    ]
+
+
+def add_flags(parser: argparse.ArgumentParser, prefix: str, cls: Any) -> None:
+    """The command-line flags of a settings dataclass's fields that have one; each flag's
+    value lands in ``<prefix>__<field>``, None when not given."""
+    for f in dataclasses.fields(cls):
+        flag = f.metadata.get("flag")
+        if flag is None:
+            continue  # a setting of the YAML file only
+        kw: dict[str, Any] = {"dest": f"{prefix}__{f.name}", "default": None, "help": describe(f)}
+        if f.type in ("bool", bool):
+            kw["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+        elif f.metadata["choices"] is not None:
+            kw["choices"] = list(f.metadata["choices"])
+        else:
+            kw["metavar"] = f.metadata["metavar"]
+            kw["type"] = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+        parser.add_argument(flag, **kw)
+
+
+def flag_values(args: argparse.Namespace, prefix: str, cls: Any) -> dict[str, Any]:
+    """The values given on the command line for a settings dataclass (by field name)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        v = getattr(args, f"{prefix}__{f.name}", None) if f.metadata.get("flag") else None
+        if v is not None:
+            out[f.name] = v
+    return out
+
+
+def check(obj: Any, name: Callable[[dataclasses.Field], str]) -> None:
+    """The declared bounds and choices of every setting of a settings dataclass instance:
+    finite and within what makes sense (inf or nan would stop a thread, 1e-9 would spin it).
+    ``name`` names a setting in the error (its key, or its flag)."""
+    for f in dataclasses.fields(obj):
+        v, m = getattr(obj, f.name), f.metadata
+        if m.get("choices") is not None and v not in m["choices"]:
+            raise ConfigError(f"{name(f)}: one of {', '.join(m['choices'])}")
+        if m.get("bounds") is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        lo, hi = m["bounds"]
+        if not math.isfinite(v):
+            raise ConfigError(f"{name(f)}: must be a finite number, got {v}")
+        if not (lo <= v <= hi) and not (m["zero_allowed"] and v == 0):
+            zero = "0 or " if m["zero_allowed"] else ""
+            raise ConfigError(f"{name(f)}: must be {zero}a number between {lo:g} and {hi:g}, got {v}")
+
+
+def describe(f: dataclasses.Field) -> str:
+    """The help text of a setting, with its default."""
+    m = f.metadata
+    shown = m["default_text"] if m["default_text"] is not None else f.default
+    if shown is None or shown is False:
+        return m["help"]
+    return f"{m['help']} (default {shown})"
 
 
 def _check_type(path: str, value: Any, typ: Any) -> Any:
@@ -196,10 +398,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(
             "llama.log_path and llama.log_command are exclusive: follow a file (or - for stdin) or a command"
         )
-    if cfg.log.level not in LOG_LEVELS:
-        raise ConfigError(f"log.level: one of {', '.join(LOG_LEVELS)}")
-    if cfg.log.format not in LOG_FORMATS:
-        raise ConfigError(f"log.format: one of {', '.join(LOG_FORMATS)}")
     if not cfg.llama.url.startswith(("http://", "https://")):
         raise ConfigError(f"llama.url: must start with http:// or https://, got {redact_url(cfg.llama.url)!r}")
     try:
@@ -209,41 +407,16 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"llama.url: not a URL ({e}): {redact_url(cfg.llama.url)!r}") from None
     if not parts.hostname:
         raise ConfigError(f"llama.url: no host in {redact_url(cfg.llama.url)!r}")
-    # finite and within what makes sense: inf or nan would stop a thread, 1e-9 would spin it
-    for key, v, lo, hi in (
-        ("llama.timeout_seconds", cfg.llama.timeout_seconds, 0.1, 300.0),
-        ("llama.poll_interval_seconds", cfg.llama.poll_interval_seconds, 0.05, 3600.0),
-        ("llama.log_poll_interval_seconds", cfg.llama.log_poll_interval_seconds, 0.01, 60.0),
-        ("conversations.window_seconds", cfg.conversations.window_seconds, 60.0, 7 * 86400.0),
-    ):
-        if not (math.isfinite(v) and lo <= v <= hi):
-            raise ConfigError(f"{key}: must be a number between {lo:g} and {hi:g}, got {v}")
-    for key, f in (
-        ("cache.hit_ratio", cfg.cache.hit_ratio),
-        ("cache.miss_ratio", cfg.cache.miss_ratio),
-        ("contention.fraction", cfg.contention.fraction),
-    ):
-        if not math.isfinite(f):
-            raise ConfigError(f"{key}: must be a finite number, got {f}")
-    ev = cfg.events
-    if ev.max_bytes != 0 and not (1 << 12 <= ev.max_bytes <= 1 << 50):
-        raise ConfigError(f"events.max_bytes: 0 (never rotate) or between 4096 and 2^50, got {ev.max_bytes}")
-    if not (0 <= ev.max_files <= 1000):
-        raise ConfigError(f"events.max_files: must be between 0 and 1000, got {ev.max_files}")
-    if cfg.llama.log_max_line_bytes < 1024:
-        raise ConfigError("llama.log_max_line_bytes: must be at least 1024")
+    for sec in dataclasses.fields(cfg):
+
+        def key(f: dataclasses.Field, section: str = sec.name) -> str:
+            return f"{section}.{f.name}"
+
+        check(getattr(cfg, sec.name), key)
     c = cfg.cache
     if not (0 <= c.miss_ratio <= c.hit_ratio <= 1):
         raise ConfigError("cache: need 0 <= miss_ratio <= hit_ratio <= 1")
-    if c.min_prompt_tokens < 1:
-        raise ConfigError("cache.min_prompt_tokens: must be at least 1")
-    if not (0 <= cfg.contention.fraction <= 1):
-        raise ConfigError("contention.fraction: must be between 0 and 1")
     cv = cfg.conversations
-    if cv.window_seconds < 60:
-        raise ConfigError("conversations.window_seconds: must be at least 60")
-    if not (1 <= cv.top <= 100):
-        raise ConfigError("conversations.top: must be between 1 and 100 (it bounds the metric's series)")
     if cv.max_tracked < cv.top:
         raise ConfigError("conversations.max_tracked: must be at least conversations.top")
     parse_listen_address(cfg.web.listen_address)

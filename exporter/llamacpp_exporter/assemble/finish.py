@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..config import CacheConfig, Config, ContentionConfig, TakeoverConfig
 from ..records import RequestRecord, TaskDraft
 from . import classify, lora
 from .attribution import JOIN_WAIT_US, Attribution
@@ -23,15 +24,28 @@ MAX_PENDING = 256
 
 @dataclass(frozen=True, slots=True)
 class AssemblySettings:
-    min_prompt_tokens: int = 1024
-    hit_ratio: float = 0.9
-    miss_ratio: float = 0.1
-    contention_fraction: float = 0.1
-    small_task_tokens: int = 256
-    big_conversation_tokens: int = 1024
+    """The settings the assembler judges by; their defaults are the configuration's."""
+
+    min_prompt_tokens: int = CacheConfig.min_prompt_tokens
+    hit_ratio: float = CacheConfig.hit_ratio
+    miss_ratio: float = CacheConfig.miss_ratio
+    contention_fraction: float = ContentionConfig.fraction
+    small_task_tokens: int = TakeoverConfig.small_task_tokens
+    big_conversation_tokens: int = TakeoverConfig.big_conversation_tokens
     # how long (server log time) a finished record may wait for /slots or for another
     # slot's prefill to end before it is emitted with what is known
     max_wait_us: int = 600_000_000
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> AssemblySettings:
+        return cls(
+            min_prompt_tokens=cfg.cache.min_prompt_tokens,
+            hit_ratio=cfg.cache.hit_ratio,
+            miss_ratio=cfg.cache.miss_ratio,
+            contention_fraction=cfg.contention.fraction,
+            small_task_tokens=cfg.takeover.small_task_tokens,
+            big_conversation_tokens=cfg.takeover.big_conversation_tokens,
+        )
 
 
 class Finisher:

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from ..assemble.classify import outcome
 from ..assemble.finish import AssemblySettings
 from ..assemble.pseudonyms import Pseudonymizer
-from ..config import ConversationsConfig, read_salt
+from ..config import CacheConfig, ConfigError, ConversationsConfig, add_flags, check, flag_values, read_salt, setting
 from ..export.conversations import ConversationCosts
 from ..export.events import events_files
 from ..pipeline import Pipeline
@@ -376,6 +376,36 @@ def parse_time(text: str) -> float:
 
 
 # ------------------------------------------------------------------ command line
+@dataclass(frozen=True)
+class Options:
+    """analyze's settings, declared as the exporter's are (config.setting): flags, defaults,
+    bounds and help made from one place, checked by the same check()."""
+
+    format: str = setting("text", "output format", flag="--format", choices=("text", "markdown", "json", "csv"))
+    gap_seconds: float = setting(
+        1800.0,
+        "a request after a pause in its conversation longer than this could not have hit",
+        flag="--gap",
+        metavar="SECONDS",
+        bounds=(0.001, 1e9),
+    )
+    top: int = setting(10, "conversations in the top table", flag="--top", metavar="N", bounds=(1, 1000))
+    min_prompt_tokens: int = setting(
+        CacheConfig.min_prompt_tokens,
+        "requests with fewer prompt tokens get no cache outcome (as the exporter's cache.min_prompt_tokens)",
+        flag="--min-prompt-tokens",
+        metavar="N",
+        bounds=(1, 1 << 30),
+    )
+    openmetrics_step: float = setting(
+        60.0,
+        "one sample of every series per this much log time, with --openmetrics",
+        flag="--openmetrics-step",
+        metavar="SECONDS",
+        bounds=(0.001, 86400.0),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="llamacpp-exporter analyze",
@@ -394,14 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the exporter's events file (its records carry the LoRA state a bare log lacks), read with its "
         "rotated copies EVENTS.jsonl.1, .2, ...; repeatable",
     )
-    ap.add_argument("--format", choices=("text", "markdown", "json", "csv"), default="text", help="default text")
-    ap.add_argument(
-        "--gap",
-        type=float,
-        default=1800.0,
-        metavar="SECONDS",
-        help="a request after a pause in its conversation longer than this could not have hit (default 1800)",
-    )
+    add_flags(ap, "opt", Options)
     ap.add_argument(
         "--since", type=parse_time, metavar="TIME", help="only requests started at or after TIME (ISO 8601)"
     )
@@ -419,25 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LOG",
         help="compare the logs given first with these (for example before and after a fix); repeatable",
     )
-    ap.add_argument("--top", type=int, default=10, help="conversations in the top table (default 10)")
-    ap.add_argument(
-        "--min-prompt-tokens",
-        type=int,
-        default=AssemblySettings().min_prompt_tokens,
-        help="requests with fewer prompt tokens get no cache outcome (as the exporter's cache.min_prompt_tokens)",
-    )
     ap.add_argument(
         "--openmetrics",
         metavar="OUT",
         help="write the exporter's metrics over the log's history as OpenMetrics text, for "
         "`promtool tsdb create-blocks-from openmetrics OUT DIR` (each file's modification time dates its last line)",
-    )
-    ap.add_argument(
-        "--openmetrics-step",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="one sample of every series per this much log time (default 60)",
     )
     ap.add_argument(
         "--label",
@@ -462,12 +471,11 @@ def main(argv: list[str]) -> int:
     if not args.logs and not args.events:
         print("llamacpp-exporter analyze: give at least one log file or --events file", file=sys.stderr)
         return 2
-    if not (args.gap > 0 and args.gap != float("inf")) or not (1 <= args.top <= 1000) or args.min_prompt_tokens < 1:
-        print(
-            "llamacpp-exporter analyze: --gap must be a positive number of seconds, --top 1..1000, "
-            "--min-prompt-tokens at least 1",
-            file=sys.stderr,
-        )
+    opts = Options(**flag_values(args, "opt", Options))
+    try:
+        check(opts, lambda f: f.metadata["flag"])
+    except ConfigError as e:
+        print(f"llamacpp-exporter analyze: {e}", file=sys.stderr)
         return 2
     labels = {"job": "llamacpp", "instance": "backfill"}
     for item in args.label:
@@ -478,9 +486,8 @@ def main(argv: list[str]) -> int:
             )
             return 2
         labels[name] = value
-    if args.openmetrics and not (args.logs and 0.001 <= args.openmetrics_step <= 86400):
-        print("llamacpp-exporter analyze: --openmetrics needs log files and a step between 0.001 and 86400 s",
-              file=sys.stderr)  # fmt: skip
+    if args.openmetrics and not args.logs:
+        print("llamacpp-exporter analyze: --openmetrics needs log files", file=sys.stderr)
         return 2
     if args.plot and not plots.available():
         print(
@@ -498,13 +505,13 @@ def main(argv: list[str]) -> int:
             if all(not os.path.samefile(name, e) for e in events):
                 events.append(name)
     salt = read_salt(ConversationsConfig())
-    settings = AssemblySettings(min_prompt_tokens=args.min_prompt_tokens)
+    settings = AssemblySettings(min_prompt_tokens=opts.min_prompt_tokens)
     result = analyze(
         Inputs(args.logs, events),
         settings,
         Pseudonymizer(salt),
         progress=not args.no_progress and sys.stderr.isatty(),
-        history_step=args.openmetrics_step if args.openmetrics else None,
+        history_step=opts.openmetrics_step if args.openmetrics else None,
     )
     if args.openmetrics:
         if result.history is None or not any(e.log_us for e in result.file_ends):
@@ -535,11 +542,11 @@ def main(argv: list[str]) -> int:
         windowed = since is not None or until is not None
         rep = report.build(
             records,
-            gap_seconds=args.gap,
+            gap_seconds=opts.gap_seconds,
             large_prefill_tokens=settings.big_conversation_tokens,
             # the conversations' costs are the whole log's: a window ranks by prefill time
             conversations=None if windowed else result.conversations,
-            top=args.top,
+            top=opts.top,
             sources=dict(result.sources, since=since, until=until) if windowed else result.sources,
             history=result.records,  # a conversation may have begun before the window
         )
@@ -570,7 +577,7 @@ def main(argv: list[str]) -> int:
             "text": lambda: report.comparison_text(a, b, names, markdown=False),
             "markdown": lambda: report.comparison_text(a, b, names, markdown=True),
             "csv": lambda: report.to_csv(a, names[0]) + report.to_csv(b, names[1], header=False),
-        }[args.format]()
+        }[opts.format]()
         sys.stdout.write(out)
         return 0
     rep = build(result, args.since, args.until)
@@ -592,6 +599,6 @@ def main(argv: list[str]) -> int:
         "text": lambda: report.to_text(rep),
         "markdown": lambda: report.to_markdown(rep),
         "csv": lambda: report.to_csv(rep),
-    }[args.format]()
+    }[opts.format]()
     sys.stdout.write(out)
     return 0
