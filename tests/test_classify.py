@@ -53,22 +53,26 @@ def test_is_miss_counts_any_length_but_a_single_token():
     assert c.is_miss(50, 0, 0.1) and not c.is_miss(1, 0, 0.1) and not c.is_miss(50, 5, 0.1)
 
 
-# restore result, cleared, forced, offered enough, RAM consulted, restored, path -> cause
+# restore result, cleared, forced, offered enough, RAM consulted, restored, path, the
+# conversation's entry evicted before it came -> cause
 CAUSES = [
-    ("discarded_lora_wrongful", True, False, True, True, True, "ram", "lora_discard"),
-    (None, True, False, False, False, False, "slot", "lora_discard"),  # cleared on the slot's own KV
-    ("reprocessed", False, True, True, True, True, "ram", "forced_reprocess"),
-    (None, False, True, True, False, False, "slot", "forced_reprocess"),
-    (None, False, True, False, True, False, "ram", "no_cache_entry"),  # forced on a template prefix
-    (None, False, False, False, True, False, "ram", "no_cache_entry"),
-    (None, False, False, False, False, False, "slot", "slot_prefix_mismatch"),
-    (None, False, False, False, False, False, "pinned", "unknown"),
-    (None, False, False, False, False, False, None, "unknown"),  # -lv 3: the selection was not seen
+    ("discarded_lora_wrongful", True, False, True, True, True, "ram", False, "lora_discard"),
+    (None, True, False, False, False, False, "slot", False, "lora_discard"),  # cleared on the slot's own KV
+    ("reprocessed", False, True, True, True, True, "ram", False, "forced_reprocess"),
+    (None, False, True, True, False, False, "slot", False, "forced_reprocess"),
+    (None, False, True, False, True, False, "ram", False, "no_cache_entry"),  # forced on a template prefix
+    (None, False, False, False, True, False, "ram", False, "no_cache_entry"),
+    (None, False, False, False, True, False, "ram", True, "evicted"),  # its entry was evicted: capacity
+    ("discarded_lora_wrongful", True, False, True, True, True, "ram", True, "lora_discard"),  # found, then cleared
+    (None, False, False, False, False, False, "slot", True, "slot_prefix_mismatch"),  # the RAM cache not asked
+    (None, False, False, False, False, False, "slot", False, "slot_prefix_mismatch"),
+    (None, False, False, False, False, False, "pinned", False, "unknown"),
+    (None, False, False, False, False, False, None, False, "unknown"),  # -lv 3: the selection was not seen
 ]
 
 
-@pytest.mark.parametrize("result, cleared, forced, enough, consulted, restored, path, cause", CAUSES)
-def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, cause):
+@pytest.mark.parametrize("result, cleared, forced, enough, consulted, restored, path, evicted, cause", CAUSES)
+def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, evicted, cause):
     got = c.miss_cause(
         restore_result=result,
         lora_cache_cleared=cleared,
@@ -77,6 +81,7 @@ def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, 
         ram_consulted=consulted,
         ram_restored=restored,
         path=path,
+        conversation_evicted=evicted,
     )
     assert got == cause
 

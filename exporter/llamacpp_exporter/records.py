@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Literal, get_args
 
-PATHS = ("slot", "ram", "pinned", "unknown")
-LORA_STATES = ("none", "active", "unknown")
-RESTORE_RESULTS = (
+# The fixed words of a record, as types (mypy checks every assignment) and as tuples (the
+# label values the metrics pre-create, the report's rows).
+SelectionPath = Literal["slot", "ram", "pinned", "unknown"]
+LoraState = Literal["none", "active", "unknown"]
+RestoreResult = Literal[
     "kept",
     "discarded_lora_wrongful",
     "discarded_lora_correct",
     "discarded_lora_unknown",
     "reprocessed",
-)
-OUTCOMES = ("hit", "partial", "miss")
-MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
+]
+Outcome = Literal["hit", "partial", "miss"]
 # what a task did: a completion (chat, /completion, infill) samples tokens; an embedding (or
 # rerank) task only evaluates its prompt. Told apart by the TRACE line "sampler chain" (-lv 4).
-TASK_KINDS = ("completion", "embedding")
-MISS_CAUSES = ("lora_discard", "forced_reprocess", "evicted", "no_cache_entry", "slot_prefix_mismatch", "unknown")
-CONTENTION = ("prefill", "none")
+TaskKind = Literal["completion", "embedding"]
+MissCause = Literal["lora_discard", "forced_reprocess", "evicted", "no_cache_entry", "slot_prefix_mismatch", "unknown"]
+Contention = Literal["prefill", "none"]
+ReuseSource = Literal["log", "slots"]
+JoinSource = Literal["header", "lineage", "uncertain"]
 
-_SELECTION_PATH = {"lcp": "slot", "lru": "ram", "id": "pinned"}
+PATHS: tuple[SelectionPath, ...] = get_args(SelectionPath)
+LORA_STATES: tuple[LoraState, ...] = get_args(LoraState)
+RESTORE_RESULTS: tuple[RestoreResult, ...] = get_args(RestoreResult)
+OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
+TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
+MISS_CAUSES: tuple[MissCause, ...] = get_args(MissCause)
+CONTENTION: tuple[Contention, ...] = get_args(Contention)
+MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
+
+_SELECTION_PATH: dict[str, SelectionPath] = {"lcp": "slot", "lru": "ram", "id": "pinned"}
 
 
-def selection_path(method: str | None) -> str:
+def selection_path(method: str | None) -> SelectionPath:
     return _SELECTION_PATH.get(method or "", "unknown")
 
 
@@ -37,14 +50,14 @@ class RequestRecord:
     slot: int
     task: int
     model: str = ""  # the router's name of the model (its child process); "" for a plain server
-    kind: str = "completion"  # TASK_KINDS
+    kind: TaskKind = "completion"
     choices: int = 1  # n > 1: one record for the request, its children are its other choices
-    path: str = "unknown"
-    lora: str = "unknown"
+    path: SelectionPath = "unknown"
+    lora: LoraState = "unknown"
     lora_config: str | None = None  # effective adapter scales, e.g. "0:0.5"; None when unknown
     prompt_tokens: int | None = None
     reused_tokens: int | None = None
-    reuse_source: str | None = None  # "log" (-lv 4) or "slots" (/slots while running)
+    reuse_source: ReuseSource | None = None  # "log" (-lv 4) or "slots" (/slots while running)
     slot_tokens_before: int | None = None  # what the slot held when it was selected
     state_source_task: int | None = None  # the task whose state the prompt was compared with
     # (task, common prefix) of each RAM-cache entry the lookup compared the prompt with, where
@@ -56,12 +69,12 @@ class RequestRecord:
     ram_restored: bool = False
     restored_tokens: int | None = None
     restored_entry_lora_config: str | None = None
-    restore_result: str | None = None
+    restore_result: RestoreResult | None = None
     lora_mismatch_reuse: bool = False
     lora_cache_cleared: bool = False
     forced_reprocess: bool = False
-    outcome: str | None = None
-    miss_cause: str | None = None
+    outcome: Outcome | None = None
+    miss_cause: MissCause | None = None
     small_task_takeover: bool = False
     prefill_seconds: float | None = None
     prefill_tokens: int | None = None
@@ -69,14 +82,14 @@ class RequestRecord:
     decode_seconds: float | None = None
     time_per_output_token_seconds: float | None = None
     overlap_seconds: float = 0.0
-    contention: str | None = None
+    contention: Contention | None = None
     # the largest prefill (prompt tokens computed) of another slot during its decoding: 0 for
     # none, None when unknown
     overlapping_prefill_tokens: int | None = None
     conversation: str | None = None  # pseudonym: salted HMAC of the header id, or of a lineage root
     # "header" (its X-Conversation-Id), "lineage" (it sent none: cache lineage), "uncertain"
     # (the log cannot prove which request it was; conversation is None), None for child tasks
-    conversation_source: str | None = None
+    conversation_source: JoinSource | None = None
     wasted_prompt_tokens: int | None = None  # offered by the slot or the RAM cache, computed again
     slowed_by_conversation: str | None = None  # whose prefill overlapped this decoding most
     cancelled: bool = False
@@ -102,13 +115,13 @@ class TaskDraft:
     task: int
     start_us: int
     is_child: bool = False  # a child task of an n > 1 request
-    kind: str = "completion"
+    kind: TaskKind = "completion"
     choices: int = 1
     ram_unused: bool = False  # selected by LRU on a server whose RAM cache is in use, without consulting it
-    path: str = "unknown"
+    path: SelectionPath = "unknown"
     prompt_tokens: int | None = None
     reused_tokens: int | None = None
-    reuse_source: str | None = None
+    reuse_source: ReuseSource | None = None
     slot_tokens_before: int | None = None
     state_source_task: int | None = None
     compared_entries: tuple[tuple[int, int], ...] = ()
@@ -137,7 +150,7 @@ class TaskDraft:
     # its conversation as the record will say it: fixed at the first line that proves it (or
     # its overlaps' conversations), or once it waited JOIN_WAIT_US; then the same live and in
     # a replay, whenever /slots lets the record go out
-    conversation: tuple[str | None, str] | None = None
+    conversation: tuple[str | None, JoinSource] | None = None
     conversation_proven: bool = False
 
     @property
@@ -161,6 +174,15 @@ class TaskDraft:
         ):
             self.reused_tokens = s.n_prompt_tokens_cache
             self.reuse_source = "slots"
+
+
+# A record is its draft's facts, under the same names, plus the verdict finish.py derives (the
+# record's other fields). The list is made from the two classes, never written out.
+FACTS_FROM_DRAFT = tuple(
+    f.name
+    for f in fields(RequestRecord)
+    if f.name in {g.name for g in fields(TaskDraft)} and f.name != "conversation"  # the draft's is (name, source)
+)
 
 
 @dataclass(frozen=True, slots=True)

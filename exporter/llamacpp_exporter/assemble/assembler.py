@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import parse as p
-from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft
+from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft, TaskKind
 from .attribution import Attribution, AttributionSink, continued_tasks, lineage_parent
 from .finish import AssemblySettings, Finisher
 from .logclock import LogClock
@@ -281,7 +281,7 @@ class Assembler:
         if len(self._choices) > 64:  # its tasks launch right after this line
             del self._choices[next(iter(self._choices))]
 
-    def _task_kind(self, s: _Slot) -> str:
+    def _task_kind(self, s: _Slot) -> TaskKind:
         """A task that samples logs "sampler chain" (TRACE) just before its launch; one that
         does not is an embedding or rerank task (server-context.cpp launch_slot_with_task,
         need_sampling). Only a log that has shown the line, or said it logs at -lv 4, tells:

@@ -14,12 +14,12 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from .. import parse as p
-from ..records import RequestRecord
+from ..records import JoinSource, RequestRecord
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
 from .promptcache import CONTAINED_MIN_TOKENS, Selection
 
 TaskKey = tuple[int, int]  # (epoch, task)
-Conversation = tuple[str | None, str]  # (pseudonym or None, source: header, lineage, uncertain)
+Conversation = tuple[str | None, JoinSource]  # (pseudonym or None, source)
 
 MAX_TASKS = 4096
 MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back

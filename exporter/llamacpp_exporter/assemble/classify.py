@@ -7,6 +7,8 @@ gathers the facts; the table in tests/test_classify.py lists every case.
 
 from __future__ import annotations
 
+from ..records import MissCause, Outcome, RestoreResult
+
 
 def restore_result(
     *,
@@ -16,7 +18,7 @@ def restore_result(
     reuse_known: bool,
     lora_config: str | None,
     entry_lora_config: str | None,
-) -> tuple[str, bool]:
+) -> tuple[RestoreResult, bool]:
     """(result, lora_mismatch_reuse) for a request whose slot selection restored an entry.
 
     Cleared for a LoRA change: wrongful when the entry was computed under the request's own
@@ -44,7 +46,7 @@ def offered_tokens(offered_by_entry: int | None, slot_f_sim: float | None, promp
 
 def outcome(
     prompt_tokens: int, reused_tokens: int, min_prompt_tokens: int, hit_ratio: float, miss_ratio: float
-) -> str | None:
+) -> Outcome | None:
     """hit / partial / miss for prompts of at least min_prompt_tokens, else None."""
     if prompt_tokens < min_prompt_tokens or prompt_tokens <= 0:
         return None
@@ -59,19 +61,20 @@ def is_miss(prompt_tokens: int, reused_tokens: int, miss_ratio: float) -> bool:
 
 def miss_cause(
     *,
-    restore_result: str | None,
+    restore_result: RestoreResult | None,
     lora_cache_cleared: bool,
     forced_reprocess: bool,
     offered_enough: bool,
     ram_consulted: bool,
     ram_restored: bool,
     path: str | None,
-) -> str:
+    conversation_evicted: bool = False,
+) -> MissCause:
     """Why a miss missed. offered_enough: the slot or a restored entry held at least
     miss_ratio of the prompt; a reprocess forced on a prefix that was a miss anyway (a chat
-    template's first tokens on an SWA model) is not the cause. "evicted" is decided by the
-    assembler, which knows the conversation's evicted entries; here such a miss is
-    no_cache_entry."""
+    template's first tokens on an SWA model) is not the cause. conversation_evicted: the
+    request's conversation (by its id) had a RAM-cache entry that was evicted before it came
+    (the cache mirror knows): a lookup that then finds nothing is an eviction's miss."""
     if restore_result is not None and restore_result.startswith("discarded_lora"):
         return "lora_discard"
     if lora_cache_cleared:
@@ -79,7 +82,7 @@ def miss_cause(
     if forced_reprocess and offered_enough:
         return "forced_reprocess"
     if ram_consulted and not ram_restored:
-        return "no_cache_entry"
+        return "evicted" if conversation_evicted else "no_cache_entry"
     if path == "slot":
         return "slot_prefix_mismatch"
     return "unknown"

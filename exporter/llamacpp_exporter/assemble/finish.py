@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import CacheConfig, Config, ContentionConfig, TakeoverConfig
-from ..records import RequestRecord, TaskDraft
+from ..records import FACTS_FROM_DRAFT, Contention, RequestRecord, TaskDraft
 from . import classify, lora
 from .attribution import JOIN_WAIT_US, Attribution
 from .lora import LoraTracker
@@ -160,6 +160,10 @@ class Finisher:
         # prompt tokens the slot or the RAM cache offered but that were computed again
         offered = classify.offered_tokens(d.offered_tokens, d.offered_f_sim, d.prompt_tokens)
         wasted = max(0, offered - d.reused_tokens) if offered is not None and d.reused_tokens is not None else None
+        # consumed at the conversation's first return after its entry's eviction, whatever came of it
+        evicted = (
+            conv is not None and conv_source == "header" and self.attribution.came_back_after_eviction(conv, d.start_us)
+        )
         outcome = miss_cause = None
         takeover = False
         if d.prompt_tokens and d.reused_tokens is not None and d.kind == "completion" and not d.ram_unused:
@@ -175,15 +179,14 @@ class Finisher:
                     ram_consulted=d.ram_consulted,
                     ram_restored=d.ram_restored,
                     path=d.path,
+                    conversation_evicted=evicted,
                 )
             takeover = classify.small_task_takeover(
                 d.prompt_tokens, d.slot_tokens_before, st.small_task_tokens, st.big_conversation_tokens
             )
-        if conv is not None and conv_source == "header" and self.attribution.came_back_after_eviction(conv, d.start_us):
-            if miss_cause == "no_cache_entry":
-                miss_cause = "evicted"
         # other slots' prefills during this request's decoding, charged to their conversations
-        overlap, contention, slowed_by, largest = 0.0, None, None, None
+        overlap, slowed_by, largest = 0.0, None, None
+        contention: Contention | None = None
         if d.decode_start_us is not None and d.decode_end_us is not None and d.decode_seconds:
             overlaps = list(self._overlapping(d))
             slowed_by = self.attribution.charge(overlaps)
@@ -194,39 +197,17 @@ class Finisher:
         if not d.outside_join and d.epoch == self.attribution.epoch:
             queue_us = self.attribution.join.queue_us(d.task)
         rec = RequestRecord(
-            epoch=d.epoch,
-            slot=d.slot,
-            task=d.task,
+            **{name: getattr(d, name) for name in FACTS_FROM_DRAFT},
+            # the verdict
             model=self.model,
-            kind=d.kind,
-            choices=d.choices,
-            path=d.path,
             lora=lora.state(request),
             lora_config=lora_config,
-            prompt_tokens=d.prompt_tokens,
-            reused_tokens=d.reused_tokens,
-            reuse_source=d.reuse_source,
-            slot_tokens_before=d.slot_tokens_before,
-            state_source_task=d.state_source_task,
-            compared_entries=d.compared_entries,
-            ram_consulted=d.ram_consulted,
-            ram_candidates=d.ram_candidates,
-            ram_best_f_sim=d.ram_best_f_sim,
-            ram_restored=d.ram_restored,
-            restored_tokens=d.restored_tokens,
             restored_entry_lora_config=entry_lora_config,
             restore_result=restore_result,
             lora_mismatch_reuse=mismatch,
-            lora_cache_cleared=d.lora_cache_cleared,
-            forced_reprocess=d.forced_reprocess,
             outcome=outcome,
             miss_cause=miss_cause,
             small_task_takeover=takeover,
-            prefill_seconds=d.prefill_seconds,
-            prefill_tokens=d.prefill_tokens,
-            generated_tokens=d.generated_tokens,
-            decode_seconds=d.decode_seconds,
-            time_per_output_token_seconds=d.time_per_output_token_seconds,
             overlap_seconds=overlap,
             contention=contention,
             overlapping_prefill_tokens=largest,
@@ -234,11 +215,7 @@ class Finisher:
             conversation_source=conv_source,
             wasted_prompt_tokens=wasted,
             slowed_by_conversation=slowed_by,
-            cancelled=d.cancelled,
-            failed=d.failed,
             queue_seconds=queue_us / 1e6 if queue_us is not None else None,
-            start_us=d.start_us,
-            end_us=d.end_us,
         )
         self.emit(rec)
         if not d.outside_join:

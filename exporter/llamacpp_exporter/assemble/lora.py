@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from ..records import LoraState
+
 Scales = tuple[tuple[int, float], ...]  # (adapter id, scale)
 TaskKey = tuple[int, int]  # (epoch, task)
 
@@ -49,7 +51,7 @@ class LoraTracker:
         return ",".join(active) if active else "none"
 
 
-def state(request: Scales | None) -> str:
+def state(request: Scales | None) -> LoraState:
     """The lora label: active if any adapter has a non-zero scale."""
     if request is None:
         return "unknown"

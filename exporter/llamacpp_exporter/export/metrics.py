@@ -276,8 +276,8 @@ class RequestMetrics(Collector):
             self.mismatch.add((model, lora), 0.0)
             for res in RESTORE_RESULTS:
                 self.restores.add((model, lora, res), 0.0)
-        for c in CONTENTION:
-            self.tpot.child((model, c))
+        for cont in CONTENTION:
+            self.tpot.child((model, cont))
         for m in (self.takeovers, self.choices, self.embedding_tasks, self.embedding_tokens, self.latency_unknown):
             m.add((model,), 0.0)
         for h in (self.queue, self.ttft, self.e2e):
