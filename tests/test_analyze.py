@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -25,7 +26,7 @@ from support import expected_from_truth, samples, truths
 from llamacpp_exporter.assemble.classify import outcome
 from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.offline import analyze, plots, report
-from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
+from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 # recorded runs in which every request has its ground truth and sent its conversation id
@@ -147,18 +148,20 @@ def test_several_server_runs_in_one_log(tmp_path):
 def rec(conv, start_s, end_s, prompt, reused, epoch=0, lora="none", path="ram"):
     """An invented record (only the fields the rules read)."""
     o = outcome(prompt, reused, 1, 0.9, 0.1)
-    return {
-        "epoch": epoch,
-        "conversation": conv,
-        "start_us": int(start_s * 1e6),
-        "end_us": int(end_s * 1e6),
-        "prompt_tokens": prompt,
-        "reused_tokens": reused,
-        "outcome": o,
-        "lora": lora,
-        "path": path,
-        "reuse_source": "log",
-    }
+    return RequestRecord(
+        epoch=epoch,
+        slot=0,
+        task=0,
+        conversation=conv,
+        start_us=int(start_s * 1e6),
+        end_us=int(end_s * 1e6),
+        prompt_tokens=prompt,
+        reused_tokens=reused,
+        outcome=o,
+        lora=lora,
+        path=path,
+        reuse_source="log",
+    )
 
 
 def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason():
@@ -179,7 +182,7 @@ def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason():
         "prefix_changed": 1,
         "after_long_gap": 1,
     }
-    assert [(r["start_us"], r["outcome"]) for r in kept] == [(2_000_000, "hit"), (4_002_000_000, "miss")]
+    assert [(r.start_us, r.outcome) for r in kept] == [(2_000_000, "hit"), (4_002_000_000, "miss")]
 
 
 def test_rates_are_written_with_their_counts_and_small_samples_are_flagged():
@@ -506,7 +509,7 @@ def test_the_size_of_a_concurrent_prefill_is_one_the_server_reported(name):
     """Each record's largest concurrent prefill is the prompt_n of another response."""
     result = analyze.analyze(analyze.Inputs([str(LOGS / f"{name}.log")], []))
     sizes = {t["prompt_n"] for t in truths(f"{name}.truth.jsonl")}
-    seen = [r["overlapping_prefill_tokens"] for r in result.records if r["overlapping_prefill_tokens"]]
+    seen = [r.overlapping_prefill_tokens for r in result.records if r.overlapping_prefill_tokens]
     assert seen and set(seen) <= sizes
     rep = report.build(result.records)
     tp = rep["time_per_output_token_seconds"]
@@ -545,12 +548,12 @@ def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_pref
     """Invented records: the server compared the prompt with the previous request's own state
     (state_source_task) and kept less than 90% of the previous prompt."""
 
-    def pair(reused: int, source: int | None, **extra) -> list[dict]:
-        first = dict(rec("a", 0, 1, 2000, 0), task=7)
-        second = dict(rec("a", 2, 3, 2600, reused), task=8, state_source_task=source, **extra)
+    def pair(reused: int, source: int | None, **extra) -> list[RequestRecord]:
+        first = replace(rec("a", 0, 1, 2000, 0), task=7)
+        second = replace(rec("a", 2, 3, 2600, reused), task=8, state_source_task=source, **extra)
         return [first, second]
 
-    def reason(records: list[dict]) -> dict[str, int]:
+    def reason(records: list[RequestRecord]) -> dict[str, int]:
         return report.could_have_hit(records, gap_seconds=1800)[1]
 
     assert reason(pair(300, 7))["prefix_changed"] == 1  # rewritten: only 300 of 2000 in common
@@ -559,8 +562,8 @@ def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_pref
     assert reason(pair(300, 7, lora_cache_cleared=True))["prefix_changed"] == 0  # a LoRA discard
     assert reason(pair(300, 7, forced_reprocess=True))["prefix_changed"] == 0  # SWA: not the prompt's doing
     # its own entry was only looked at in the RAM cache (the slot held another's state)
-    assert reason(pair(0, 5, compared_entries=[[7, 40], [5, 10]]))["prefix_changed"] == 1
-    assert reason(pair(0, 5, compared_entries=[[7, 1990]]))["prefix_changed"] == 0
+    assert reason(pair(0, 5, compared_entries=((7, 40), (5, 10))))["prefix_changed"] == 1
+    assert reason(pair(0, 5, compared_entries=((7, 1990),)))["prefix_changed"] == 0
 
 
 def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_counted(tmp_path):
@@ -597,9 +600,9 @@ def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_co
     path = tmp_path / "events.jsonl"
     path.write_text("\n".join(lines) + "\n")
     recs, bad = analyze.read_events([str(path)])
-    by_task = {r["task"]: r for r in recs}
-    assert (by_task[7]["conversation"], by_task[7]["conversation_source"]) == ("c0123456789ab", "header")
-    assert (by_task[8]["conversation"], by_task[8]["conversation_source"]) == (None, "uncertain")
+    by_task = {r.task: r for r in recs}
+    assert (by_task[7].conversation, by_task[7].conversation_source) == ("c0123456789ab", "header")
+    assert (by_task[8].conversation, by_task[8].conversation_source) == (None, "uncertain")
     assert len(recs) == 2 and bad == 1
 
 
@@ -616,6 +619,6 @@ def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records()
         r.conversation_source == "uncertain" for r in proven
     )  # the case this test is about
     recs = analyze.analyze(analyze.Inputs([str(LOGS / name)], []), pseudonymize=Pseudonymizer("test-salt")).records
-    key = lambda r: (r["slot"], r["task"])  # noqa: E731
-    got = {key(r): (r["conversation"], r["conversation_source"]) for r in recs}
+    key = lambda r: (r.slot, r.task)  # noqa: E731
+    got = {key(r): (r.conversation, r.conversation_source) for r in recs}
     assert got == {(r.slot, r.task): (r.conversation, r.conversation_source) for r in proven}

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Literal, get_args
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 # The fixed words of a record, as types (mypy checks every assignment) and as tuples (the
 # label values the metrics pre-create, the report's rows).
@@ -176,6 +177,47 @@ class TaskDraft:
             self.reuse_source = "slots"
 
 
+def _accepts(tp: Any, v: Any) -> bool:
+    """Whether an events-file value fits a record field's declared type. A fixed word set
+    takes any string: a newer exporter's word is kept, not the line thrown away."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Literal:
+        return isinstance(v, str)
+    if origin in (Union, UnionType):
+        return any(_accepts(a, v) for a in args)
+    if tp is type(None):
+        return v is None
+    if tp is bool:
+        return isinstance(v, bool)
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if tp is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is str:
+        return isinstance(v, str)
+    if origin is tuple and isinstance(v, (list, tuple)):
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_accepts(args[0], x) for x in v)
+        return len(v) == len(args) and all(_accepts(a, x) for a, x in zip(args, v, strict=True))
+    return False
+
+
+def _as_tuples(v: Any) -> Any:
+    return tuple(_as_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def record_from_event(obj: Any) -> RequestRecord | None:
+    """An events-file line as a record: its known fields, each of the type the record declares
+    (a field of another version is left out, a missing one takes its default; a wrong type
+    rejects the line). The one reader of records written to disk (analyze, report)."""
+    if not isinstance(obj, dict) or not {"epoch", "slot", "task"} <= obj.keys():
+        return None
+    known = {k: v for k, v in obj.items() if k in _RECORD_TYPES}
+    if not all(_accepts(_RECORD_TYPES[k], v) for k, v in known.items()):
+        return None
+    return RequestRecord(**{k: _as_tuples(v) for k, v in known.items()})
+
+
 # A record is its draft's facts, under the same names, plus the verdict finish.py derives (the
 # record's other fields). The list is made from the two classes, never written out.
 FACTS_FROM_DRAFT = tuple(
@@ -212,3 +254,6 @@ class LoraAdapters:
 
     scales: tuple[tuple[int, float], ...]
     model: str = ""  # a router's: the model whose adapters these are
+
+
+_RECORD_TYPES = get_type_hints(RequestRecord)

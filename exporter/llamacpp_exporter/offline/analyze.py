@@ -16,10 +16,10 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from prometheus_client import CollectorRegistry
 
@@ -30,7 +30,7 @@ from ..config import CacheConfig, ConfigError, ConversationsConfig, add_flags, c
 from ..export.conversations import ConversationCosts
 from ..export.events import events_files
 from ..pipeline import Pipeline
-from ..records import RequestRecord
+from ..records import JoinSource, RequestRecord, record_from_event
 from . import plots, report
 from .history import History
 
@@ -81,7 +81,7 @@ class Inputs:
 
 @dataclass
 class Analysis:
-    records: list[dict[str, Any]]
+    records: list[RequestRecord]
     conversations: list[dict[str, Any]] | None  # the pipeline's costs, when a log was read
     sources: dict[str, Any]
     history: History | None = None
@@ -205,39 +205,6 @@ def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
     return at
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_pairs(v: Any) -> bool:
-    return isinstance(v, (list, tuple)) and all(
-        isinstance(x, (list, tuple)) and len(x) == 2 and all(isinstance(i, int) for i in x) for x in v
-    )
-
-
-# what each field of a record may hold, by the record's own annotations
-_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
-    "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "int | None": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
-    "float": _is_number,
-    "float | None": lambda v: v is None or _is_number(v),
-    "str": lambda v: isinstance(v, str),
-    "str | None": lambda v: v is None or isinstance(v, str),
-    "bool": lambda v: isinstance(v, bool),
-    "tuple[tuple[int, int], ...]": _is_pairs,
-}
-_RECORD_FIELDS = {name: _FIELD_CHECKS[str(f.type)] for name, f in RequestRecord.__dataclass_fields__.items()}
-
-
-def _as_record(obj: Any) -> dict[str, Any] | None:
-    """An events-file line as a record: its known fields, each of the type the record
-    declares (a field of another version is left out; a wrong type rejects the line)."""
-    if not isinstance(obj, dict) or not {"epoch", "slot", "task"} <= obj.keys():
-        return None
-    rec = {k: v for k, v in obj.items() if k in _RECORD_FIELDS}
-    return rec if all(_RECORD_FIELDS[k](v) for k, v in rec.items()) else None
-
-
 def _as_proof(obj: Any) -> tuple[tuple, tuple[str, str]] | None:
     """A conversation proven after its record was written (a line of its own)."""
     if not isinstance(obj, dict) or obj.get("proof") != "conversation":
@@ -252,17 +219,18 @@ def _as_proof(obj: Any) -> tuple[tuple, tuple[str, str]] | None:
     return (model, *key), (conv, source)
 
 
-def apply_proofs(records: list[dict[str, Any]], proofs: dict[tuple, tuple[str, str]]) -> None:
-    for r in records:
+def apply_proofs(records: list[RequestRecord], proofs: dict[tuple, tuple[str, str]]) -> None:
+    for i, r in enumerate(records):
         proof = proofs.get(_key(r))
-        if proof is not None and r.get("conversation_source") == "uncertain":
-            r["conversation"], r["conversation_source"] = proof
+        if proof is not None and r.conversation_source == "uncertain":
+            source = cast(JoinSource, proof[1])  # header or lineage: what a proof line may hold
+            records[i] = replace(r, conversation=proof[0], conversation_source=source)
 
 
-def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
+def read_events(paths: list[str]) -> tuple[list[RequestRecord], int]:
     """The exporter's events files: one record per line, and the conversations proven after
     their record was written (applied to it). Lines that are neither are counted, never fatal."""
-    out: list[dict[str, Any]] = []
+    out: list[RequestRecord] = []
     proofs: dict[tuple, tuple[str, str]] = {}
     bad = 0
     for path in paths:
@@ -280,7 +248,7 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
                         else:
                             proofs[proof[0]] = proof[1]
                         continue
-                    rec = _as_record(obj)
+                    rec = record_from_event(obj)
                     if rec is None:
                         bad += 1
                     else:
@@ -292,10 +260,10 @@ def read_events(paths: list[str]) -> tuple[list[dict[str, Any]], int]:
     return out, bad
 
 
-def _key(r: dict[str, Any]) -> tuple[Any, ...]:
+def _key(r: RequestRecord) -> tuple[Any, ...]:
     # the same task of the same server run (of the same model, behind a router): slot, task id
     # and its start in server log time
-    return (r.get("model") or "", r.get("slot"), r.get("task"), r.get("start_us"))
+    return (r.model, r.slot, r.task, r.start_us)
 
 
 def analyze(
@@ -309,15 +277,12 @@ def analyze(
     pseudonymize = pseudonymize or Pseudonymizer()
     sources: dict[str, Any] = {"logs": len(inputs.logs), "events_files": len(inputs.events)}
     events, bad = read_events(inputs.events) if inputs.events else ([], 0)
-    for e in events:  # classified under this run's thresholds, not the recording exporter's
-        if e.get("prompt_tokens") is not None and e.get("reused_tokens") is not None:
-            e["outcome"] = outcome(
-                e["prompt_tokens"],
-                e["reused_tokens"],
-                settings.min_prompt_tokens,
-                settings.hit_ratio,
-                settings.miss_ratio,
+    for i, e in enumerate(events):  # classified under this run's thresholds, not the recording exporter's
+        if e.prompt_tokens is not None and e.reused_tokens is not None:
+            verdict = outcome(
+                e.prompt_tokens, e.reused_tokens, settings.min_prompt_tokens, settings.hit_ratio, settings.miss_ratio
             )
+            events[i] = replace(e, outcome=verdict)
     if inputs.events:
         sources["events_records"] = len(events)
         sources["events_lines_not_records"] = bad
@@ -332,7 +297,7 @@ def analyze(
     sources["server_restarts_seen"] = int(g("llamacpp_exporter_server_restarts_total") or 0)
     if reading.problems:
         sources["files_not_read_to_the_end"] = reading.problems
-    records = [r.to_event() for r in reading.records]
+    records = list(reading.records)
     apply_proofs(records, reading.proofs)
     if events:
         # an events record was written by an exporter that polled /slots: it knows the LoRA
@@ -342,24 +307,22 @@ def analyze(
         for i, r in enumerate(records):
             recorded = by_key.get(_key(r))
             if recorded is not None:
-                records[i] = dict(recorded, epoch=r["epoch"])  # this reading's run numbering
+                records[i] = replace(recorded, epoch=r.epoch)  # this reading's run numbering
                 matched += 1
         sources["events_matched_to_log"] = matched
     return Analysis(records, pl.costs.snapshot(), sources, reading.history, reading.file_ends)
 
 
-def dated(result: Analysis) -> list[tuple[float | None, dict[str, Any]]]:
+def dated(result: Analysis) -> list[tuple[float | None, RequestRecord]]:
     """Each record with the Unix time it started, None where its run cannot be dated (an
     events file alone, a run another run follows in the same file, a log without timestamps)."""
     clock = wall_clock(result.file_ends)
-    return [
-        (clock(r.get("epoch", 0), r["start_us"]) if r.get("start_us") is not None else None, r) for r in result.records
-    ]
+    return [(clock(r.epoch, r.start_us) if r.start_us is not None else None, r) for r in result.records]
 
 
 def within(
-    records: list[tuple[float | None, dict[str, Any]]], since: float | None, until: float | None
-) -> tuple[list[dict[str, Any]], int]:
+    records: list[tuple[float | None, RequestRecord]], since: float | None, until: float | None
+) -> tuple[list[RequestRecord], int]:
     """The records started in [since, until), and how many could not be placed in time."""
     if since is None and until is None:
         return [r for _, r in records], 0

@@ -13,12 +13,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..records import LORA_STATES
+from ..records import LORA_STATES, RequestRecord
 
 BINS = 24
 
 
-def time_axis(dated: list[tuple[float | None, dict[str, Any]]]) -> tuple[list[Any], str]:
+def time_axis(dated: list[tuple[float | None, RequestRecord]]) -> tuple[list[Any], str]:
     """Each record's place on the x axis: its wall-clock time when every record has one, else
     its position in the log (runs that cannot be dated are never given a made-up time)."""
     if dated and all(t is not None for t, _ in dated):
@@ -26,11 +26,11 @@ def time_axis(dated: list[tuple[float | None, dict[str, Any]]]) -> tuple[list[An
     return list(range(len(dated))), "request, in log order"
 
 
-def miss_rate_bins(xs: list[Any], records: list[dict[str, Any]], bins: int | None = None) -> dict[str, list[tuple]]:
+def miss_rate_bins(xs: list[Any], records: list[RequestRecord], bins: int | None = None) -> dict[str, list[tuple]]:
     """For each LoRA state: (x of the bin's first request, misses, requests with an outcome)
     over equal shares of the x range (about ten requests a bin, at most BINS). Only bins with
     requests."""
-    points = [(x, r) for x, r in zip(xs, records, strict=True) if r.get("outcome") is not None]
+    points = [(x, r) for x, r in zip(xs, records, strict=True) if r.outcome is not None]
     out: dict[str, list[tuple]] = {lo: [] for lo in LORA_STATES}
     if not points:
         return out
@@ -48,16 +48,16 @@ def miss_rate_bins(xs: list[Any], records: list[dict[str, Any]], bins: int | Non
 
     acc: dict[tuple[str, int], list] = {}
     for x, r in points:
-        key = (r.get("lora", "unknown"), index(x))
+        key = (r.lora, index(x))
         a = acc.setdefault(key, [x, 0, 0])
-        a[1] += r["outcome"] == "miss"
+        a[1] += r.outcome == "miss"
         a[2] += 1
     for (lora, _), (x, miss, n) in sorted(acc.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         out.setdefault(lora, []).append((x, miss, n))
     return out
 
 
-def draw(dir_path: str, dated: list[tuple[float | None, dict[str, Any]]]) -> list[str]:
+def draw(dir_path: str, dated: list[tuple[float | None, RequestRecord]]) -> list[str]:
     import matplotlib  # noqa: PLC0415 - an optional extra, loaded only for --plot
 
     matplotlib.use("Agg")
@@ -101,14 +101,10 @@ def draw(dir_path: str, dated: list[tuple[float | None, dict[str, Any]]]) -> lis
         ("pinned", "tab:purple"),
         ("unknown", "tab:gray"),
     ):
-        pts = [
-            (x, r["prefill_seconds"])
-            for x, r in zip(xs, records, strict=True)
-            if r.get("path") == path and r.get("prefill_seconds")
-        ]
+        pts = [(x, r.prefill_seconds) for x, r in zip(xs, records, strict=True) if r.path == path and r.prefill_seconds]
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=12, color=colour, label=f"{path} ({len(pts)})")
-    if any(r.get("prefill_seconds") for r in records):
+    if any(r.prefill_seconds for r in records):
         ax.set_yscale("log")
         ax.legend(loc="upper left", fontsize=8, title="slot selection")
     ax.set_ylabel("prefill, s")
@@ -119,8 +115,8 @@ def draw(dir_path: str, dated: list[tuple[float | None, dict[str, Any]]]) -> lis
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     groups = {
-        "while another slot prefilled": [r["time_per_output_token_seconds"] * 1000 for r in records if r.get("contention") == "prefill" and r.get("time_per_output_token_seconds")],
-        "no concurrent prefill": [r["time_per_output_token_seconds"] * 1000 for r in records if r.get("contention") == "none" and r.get("time_per_output_token_seconds")],
+        "while another slot prefilled": [r.time_per_output_token_seconds * 1000 for r in records if r.contention == "prefill" and r.time_per_output_token_seconds],
+        "no concurrent prefill": [r.time_per_output_token_seconds * 1000 for r in records if r.contention == "none" and r.time_per_output_token_seconds],
     }  # fmt: skip
     values = [v for vs in groups.values() for v in vs]
     if values:

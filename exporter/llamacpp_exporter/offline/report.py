@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from ..records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS
+from ..records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
 
 SMALL_SAMPLE = 30  # a rate over fewer requests than this is flagged
 RATE_PATHS = ("ram", "slot", "pinned", "unknown", "all")
@@ -64,50 +64,46 @@ def percentiles(values: list[float]) -> dict[str, Any]:
     }
 
 
-def _miss_table(records: list[dict]) -> dict[str, dict[str, dict[str, Any]]]:
+def _miss_table(records: list[RequestRecord]) -> dict[str, dict[str, dict[str, Any]]]:
     """Miss rate by selection path and LoRA state over the records with a cache outcome."""
     num: Counter = Counter()
     den: Counter = Counter()
     for r in records:
-        if r.get("outcome") is None:
+        if r.outcome is None:
             continue
-        for path in (r.get("path", "unknown"), "all"):
-            for lora in (r.get("lora", "unknown"), "all"):
+        for path in (r.path, "all"):
+            for lora in (r.lora, "all"):
                 den[path, lora] += 1
-                num[path, lora] += r["outcome"] == "miss"
+                num[path, lora] += r.outcome == "miss"
     return {p: {lo: rate(num[p, lo], den[p, lo]) for lo in RATE_LORA} for p in RATE_PATHS}
 
 
 def could_have_hit(
-    records: list[dict], gap_seconds: float, history: list[dict] | None = None
-) -> tuple[list[dict], dict[str, int]]:
+    records: list[RequestRecord], gap_seconds: float, history: list[RequestRecord] | None = None
+) -> tuple[list[RequestRecord], dict[str, int]]:
     """The records that could have hit the cache, and how many each exclusion removed (each
     request counted under its first exclusion, in the order of EXCLUSIONS). history: all the
     records, when `records` is a time window of them (a conversation may begin before it)."""
     excluded: Counter = Counter()
     kept = []
     wanted = {id(r) for r in records}
-    previous: dict[str, dict] = {}  # conversation -> its previous request
-    for r in sorted(history or records, key=lambda r: (r.get("epoch", 0), r.get("start_us") or 0)):
-        conv = r.get("conversation")
+    previous: dict[str, RequestRecord] = {}  # conversation -> its previous request
+    for r in sorted(history or records, key=lambda r: (r.epoch, r.start_us or 0)):
+        conv = r.conversation
         prev = previous.get(conv) if conv is not None else None
         if conv is not None:
             previous[conv] = r
-        if r.get("outcome") is None or id(r) not in wanted:
+        if r.outcome is None or id(r) not in wanted:
             continue
         if conv is None:
             reason = "conversation_unknown"
         elif prev is None:
             reason = "first_of_conversation"
-        elif prev.get("epoch") != r.get("epoch"):
+        elif prev.epoch != r.epoch:
             reason = "after_server_restart"
         elif _prefix_changed(r, prev):
             reason = "prefix_changed"
-        elif (
-            prev.get("end_us") is not None
-            and r.get("start_us") is not None
-            and r["start_us"] - prev["end_us"] > gap_seconds * 1_000_000
-        ):
+        elif prev.end_us is not None and r.start_us is not None and r.start_us - prev.end_us > gap_seconds * 1_000_000:
             reason = "after_long_gap"
         else:
             kept.append(r)
@@ -116,51 +112,51 @@ def could_have_hit(
     return kept, {k: excluded[k] for k in EXCLUSIONS}
 
 
-def _prefix_changed(r: dict, prev: dict) -> bool:
+def _prefix_changed(r: RequestRecord, prev: RequestRecord) -> bool:
     """The request does not continue its conversation's previous one: its prompt is shorter
     than the previous prompt, or the server compared it with the previous request's own state
     (on the slot, its RAM-cache entry restored or only looked at) and it left those tokens
     before 90% of the previous prompt (a retry of the same prompt keeps all but the last token)."""
-    prompt, before = r.get("prompt_tokens") or 0, prev.get("prompt_tokens") or 0
+    prompt, before = r.prompt_tokens or 0, prev.prompt_tokens or 0
     if prompt < before:
         return True
     # the RAM-cache lookup compared it with the previous request's saved entry
-    for task, lcp in r.get("compared_entries") or ():
-        if task == prev.get("task") and lcp < 0.9 * before:
+    for task, lcp in r.compared_entries or ():
+        if task == prev.task and lcp < 0.9 * before:
             return True
-    reused = r.get("reused_tokens")
+    reused = r.reused_tokens
     return (
-        r.get("state_source_task") is not None
-        and r.get("state_source_task") == prev.get("task")
+        r.state_source_task is not None
+        and r.state_source_task == prev.task
         and reused is not None
-        and not r.get("forced_reprocess")
-        and not r.get("lora_cache_cleared")
+        and not r.forced_reprocess
+        and not r.lora_cache_cleared
         and reused < 0.9 * before
     )
 
 
 def build(
-    records: list[dict],
+    records: list[RequestRecord],
     *,
     gap_seconds: float = 1800.0,
     large_prefill_tokens: int = 1024,
     conversations: list[dict] | None = None,
     top: int = 10,
     sources: dict[str, Any] | None = None,
-    history: list[dict] | None = None,
+    history: list[RequestRecord] | None = None,
 ) -> dict[str, Any]:
     """The whole report from the records (and, when the log was read, the pipeline's
     conversation costs)."""
     # embedding and rerank tasks are no completion requests: counted apart, as the exporter does
-    embedding_tasks = sum(1 for r in records if r.get("kind", "completion") != "completion")
-    records = [r for r in records if r.get("kind", "completion") == "completion"]
-    models = sorted({r.get("model") or "" for r in records})
+    embedding_tasks = sum(1 for r in records if r.kind != "completion")
+    records = [r for r in records if r.kind == "completion"]
+    models = sorted({r.model or "" for r in records})
     # the live exporter's rules, so that analyze and the exporter count alike: a request without
     # a timings block is cancelled; tokens count where both prompt and reused are known
-    finished = [r for r in records if not (r.get("cancelled") and r.get("generated_tokens") is None)]
-    known = [r for r in records if r.get("prompt_tokens") is not None and r.get("reused_tokens") is not None]
-    lora_known = sum(1 for r in records if r.get("lora") in ("none", "active"))
-    diag = sum(1 for r in finished if r.get("reuse_source") == "log")
+    finished = [r for r in records if not ((r.cancelled or r.failed) and r.generated_tokens is None)]
+    known = [r for r in records if r.prompt_tokens is not None and r.reused_tokens is not None]
+    lora_known = sum(1 for r in records if r.lora in ("none", "active"))
+    diag = sum(1 for r in finished if r.reuse_source == "log")
     unknowns = []
     if not records:
         src = sources or {}
@@ -200,7 +196,7 @@ def build(
                 "why": "llama-server logged these requests below -lv 4; start it with -lv 4",
             }
         )
-    no_outcome = sum(1 for r in finished if r.get("outcome") is None and r.get("reused_tokens") is None)
+    no_outcome = sum(1 for r in finished if r.outcome is None and r.reused_tokens is None)
     if no_outcome:
         unknowns.append(
             {
@@ -210,39 +206,39 @@ def build(
             }
         )
 
-    misses = [r for r in records if r.get("outcome") == "miss"]
+    misses = [r for r in records if r.outcome == "miss"]
     causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
     for r in misses:
-        c = r.get("miss_cause") or "unknown"
-        for lo in (r.get("lora", "unknown"), "all"):
+        c = r.miss_cause or "unknown"
+        for lo in (r.lora, "all"):
             causes[lo][c] = causes[lo].get(c, 0) + 1
     restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
     for r in records:
-        res = r.get("restore_result")
+        res = r.restore_result
         if res:
-            for lo in (r.get("lora", "unknown"), "all"):
+            for lo in (r.lora, "all"):
                 restores[lo][res] = restores[lo].get(res, 0) + 1
 
     chh, excluded = could_have_hit(records, gap_seconds, history)
-    prefill = defaultdict(list)
+    prefill: defaultdict[str, list[float]] = defaultdict(list)
     for r in records:
-        if r.get("prefill_seconds") is not None:
-            prefill[r.get("path", "unknown")].append(r["prefill_seconds"])
-            prefill["all"].append(r["prefill_seconds"])
+        if r.prefill_seconds is not None:
+            prefill[r.path].append(r.prefill_seconds)
+            prefill["all"].append(r.prefill_seconds)
     tpot: dict[str, list[float]] = {"prefill": [], "none": [], "large": []}
     large_unknown = 0
     for r in records:
-        v, c = r.get("time_per_output_token_seconds"), r.get("contention")
-        if v is None or c not in ("prefill", "none"):
+        v, cont = r.time_per_output_token_seconds, r.contention
+        if v is None or cont not in ("prefill", "none"):  # an events file of another version may say more
             continue
-        tpot[c].append(v)
-        if c == "prefill":
-            size = r.get("overlapping_prefill_tokens")
+        tpot[cont].append(v)
+        if cont == "prefill":
+            size = r.overlapping_prefill_tokens
             if size is None:
                 large_unknown += 1
             elif size >= large_prefill_tokens:
                 tpot["large"].append(v)
-    large = [r for r in records if (r.get("prefill_tokens") or 0) >= large_prefill_tokens]
+    large = [r for r in records if (r.prefill_tokens or 0) >= large_prefill_tokens]
 
     report: dict[str, Any] = {
         "sources": sources or {},
@@ -250,17 +246,15 @@ def build(
             "total": len(records),
             "finished": len(finished),
             "cancelled_or_failed": len(records) - len(finished),
-            "server_runs": len({r.get("epoch") for r in records}),
-            "prompt_tokens": sum(r["prompt_tokens"] for r in known),
-            "reused_tokens": sum(r["reused_tokens"] for r in known),
+            "server_runs": len({r.epoch for r in records}),
+            "prompt_tokens": sum(r.prompt_tokens or 0 for r in known),
+            "reused_tokens": sum(r.reused_tokens or 0 for r in known),
             "tokens_known_for": len(known),
-            "reuse": rate(sum(r["reused_tokens"] for r in known), sum(r["prompt_tokens"] for r in known)),
-            "by_lora": {lo: sum(1 for r in records if r.get("lora") == lo) for lo in LORA_STATES},
-            "by_path": {p: sum(1 for r in records if r.get("path") == p) for p in PATHS},
+            "reuse": rate(sum(r.reused_tokens or 0 for r in known), sum(r.prompt_tokens or 0 for r in known)),
+            "by_lora": {lo: sum(1 for r in records if r.lora == lo) for lo in LORA_STATES},
+            "by_path": {p: sum(1 for r in records if r.path == p) for p in PATHS},
             "embedding_tasks": embedding_tasks,
-            "by_model": {m: sum(1 for r in records if (r.get("model") or "") == m) for m in models}
-            if models != [""]
-            else {},
+            "by_model": {m: sum(1 for r in records if (r.model or "") == m) for m in models} if models != [""] else {},
         },
         "unknown": unknowns,
         "miss_rate": _miss_table(records),
@@ -281,24 +275,24 @@ def build(
             "large_prefill_tokens": large_prefill_tokens,
             "prefill_size_unknown": large_unknown,
         },
-        "small_task_takeovers": sum(1 for r in records if r.get("small_task_takeover")),
+        "small_task_takeovers": sum(1 for r in records if r.small_task_takeover),
         "top_conversations": _top(records, conversations, top),
     }
     return report
 
 
-def _top(records: list[dict], conversations: list[dict] | None, top: int) -> dict[str, Any]:
+def _top(records: list[RequestRecord], conversations: list[dict] | None, top: int) -> dict[str, Any]:
     if conversations is not None:  # the pipeline's own costs: read from the log
         return {"by": "cost_to_others_seconds", "rows": conversations[:top]}
     rows: dict[str, dict[str, Any]] = {}
     for r in records:  # an events file alone: what each conversation computed, no cost
-        conv = r.get("conversation")
+        conv = r.conversation
         if conv is None:
             continue
         row = rows.setdefault(conv, {"conversation": conv, "requests": 0, "prompt_tokens": 0, "prefill_seconds": 0.0})
         row["requests"] += 1
-        row["prompt_tokens"] += r.get("prompt_tokens") or 0
-        row["prefill_seconds"] += r.get("prefill_seconds") or 0.0
+        row["prompt_tokens"] += r.prompt_tokens or 0
+        row["prefill_seconds"] += r.prefill_seconds or 0.0
     ranked = sorted(rows.values(), key=lambda x: (-x["prefill_seconds"], x["conversation"]))
     return {
         "by": "prefill_seconds",
