@@ -43,13 +43,14 @@ from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
 from .sources.llama_server import ServerPoller
 from .sources.tail import (
+    CommandSource,
     FileFollower,
+    FileSource,
     LineSplitter,
     LogPosition,
+    LogSource,
     SourceStats,
-    follow_command,
-    follow_file,
-    follow_stream,
+    StreamSource,
     load_position,
     save_position,
 )
@@ -273,7 +274,6 @@ class Exporter:
             registry=self.registry,
         ).labels(__version__, platform.python_version()).set(1)
         self._source_failed = False
-        self._follower: FileFollower | None = None
         self.position_path = position_file(cfg) if cfg.llama.log_path and cfg.llama.log_path != "-" else None
         self._position: LogPosition | None = None
         self._position_saved = 0.0
@@ -285,6 +285,7 @@ class Exporter:
             registry=self.registry,
         ).set_function(lambda: 0.0 if self.not_running() else 1.0)
         self.stats = SourceStats(self.registry)
+        self.source = self._log_source()
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None
 
@@ -300,31 +301,40 @@ class Exporter:
                 continue
 
     # ------------------------------------------------------------ threads
-    def _source(self) -> None:
+    def _log_source(self) -> LogSource | None:
+        """The configured source of llama-server's log, or None (the exporter then only polls)."""
         lc = self.cfg.llama
-        splitter = _LineBatches(self._put, lc.log_max_line_bytes)
+        if lc.log_command:
+            return CommandSource(lc.log_command, self.stats)
+        if lc.log_path == "-":
+            return StreamSource(sys.stdin.buffer)
+        if not lc.log_path:
+            return None
+        path = lc.log_path
+
+        def follower(splitter: LineSplitter) -> FileFollower:
+            resume = load_position(self.position_path) if self.position_path else None
+            if resume is not None and self.cfg.events.path:
+                # records written before the stop are not written again; those still in
+                # flight when it came (a kill) are: read again, they go out now
+                self.pipeline.written = written_records(self.cfg.events.path)
+            return FileFollower(
+                path,
+                splitter,
+                self.stats,
+                from_start=lc.log_from_start,
+                resume=resume,
+                on_position=self._put if self.position_path else None,
+                on_catch_up=lambda started: self._put(_CATCH_UP if started else _CAUGHT_UP),
+            )
+
+        return FileSource(follower, lc.log_poll_interval_seconds)
+
+    def _source(self) -> None:
+        splitter = _LineBatches(self._put, self.cfg.llama.log_max_line_bytes)
         try:
-            if lc.log_command:
-                follow_command(lc.log_command, splitter, self.stats, self.stop)
-            elif lc.log_path == "-":
-                follow_stream(sys.stdin.buffer, splitter, self.stop)
-                log.info("standard input closed")
-            elif lc.log_path:
-                resume = load_position(self.position_path) if self.position_path else None
-                if resume is not None and self.cfg.events.path:
-                    # records written before the stop are not written again; those still in
-                    # flight when it came (a kill) are: read again, they go out now
-                    self.pipeline.written = written_records(self.cfg.events.path)
-                follower = self._follower = FileFollower(
-                    lc.log_path,
-                    splitter,
-                    self.stats,
-                    from_start=lc.log_from_start,
-                    resume=resume,
-                    on_position=self._put if self.position_path else None,
-                    on_catch_up=lambda started: self._put(_CATCH_UP if started else _CAUGHT_UP),
-                )
-                follow_file(follower, self.stop, lc.log_poll_interval_seconds)
+            if self.source is not None:
+                self.source.run(splitter, self.stop)
         except Exception:
             log.exception("log source failed")
             self.stats.read_error()
@@ -435,8 +445,12 @@ class Exporter:
         dead = [t.name for t in self.threads if t.name in watched and not t.is_alive()]
         if self._source_failed:
             dead.append("log-source")
-        elif self._follower is not None and self._follower.open_error is not None:
-            dead.append(f"log-source ({self._follower.open_error})")
+        elif (
+            isinstance(self.source, FileSource)
+            and self.source.follower is not None
+            and self.source.follower.open_error is not None
+        ):
+            dead.append(f"log-source ({self.source.follower.open_error})")
         return dead
 
     def shutdown(self) -> None:

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, cast
+from typing import IO, Protocol, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -91,6 +91,9 @@ class _SourceMetrics:
         )
 
 
+_Filter = TypeVar("_Filter", bound=Callable[[str], None])
+
+
 class LineSplitter:
     """Bytes in, complete lines out; keeps the partial last line until its newline arrives."""
 
@@ -147,6 +150,13 @@ class LineSplitter:
 
     def handed(self) -> None:
         """Lines emitted outside a feed (released by the replay guard) are to go on now."""
+
+    def filter_lines(self, make: Callable[[Callable[[str], None]], _Filter]) -> _Filter:
+        """Put a filter between the split lines and where they go (the replay guard of a
+        restarted command): ``make`` gets the current destination and returns the filter."""
+        f = make(self.emit)
+        self.emit = f
+        return f
 
 
 @dataclass(frozen=True)
@@ -772,8 +782,7 @@ def follow_command(
     stderr; restart it with backoff when it exits. The backoff only resets after a run of
     ``min_healthy_run`` seconds: a command that prints its history and exits at once is not
     restarted every second. What a restart prints again is dropped (ReplayGuard)."""
-    guard = ReplayGuard(splitter.emit, stats)
-    splitter.emit = guard
+    guard = splitter.filter_lines(lambda emit: ReplayGuard(emit, stats))
     backoff = 1.0
     while not stop.is_set():
         try:
@@ -833,3 +842,47 @@ def _kill_on_stop(proc: subprocess.Popen, stop: threading.Event) -> None:
             except OSError:
                 pass
             return
+
+
+# ---------------------------------------------------------------- one interface for the sources
+class LogSource(Protocol):
+    """Where llama-server's log comes from: ``run`` feeds its bytes to the splitter until the
+    input ends or ``stop`` is set."""
+
+    def run(self, splitter: LineSplitter, stop: threading.Event) -> None: ...
+
+
+@dataclass
+class FileSource:
+    """A log file followed across rotations, truncations and holes. ``follower`` is there once
+    it runs (its open error is part of the exporter's readiness)."""
+
+    make_follower: Callable[[LineSplitter], FileFollower]
+    interval: float
+    follower: FileFollower | None = None
+
+    def run(self, splitter: LineSplitter, stop: threading.Event) -> None:
+        self.follower = self.make_follower(splitter)
+        follow_file(self.follower, stop, self.interval)
+
+
+@dataclass
+class StreamSource:
+    """Standard input (a pipe), read to its end."""
+
+    stream: IO[bytes]
+
+    def run(self, splitter: LineSplitter, stop: threading.Event) -> None:
+        follow_stream(self.stream, splitter, stop)
+        log.info("standard input closed")
+
+
+@dataclass
+class CommandSource:
+    """A command's output (journalctl -f, docker logs -f), restarted with backoff."""
+
+    command: str
+    stats: SourceStats
+
+    def run(self, splitter: LineSplitter, stop: threading.Event) -> None:
+        follow_command(self.command, splitter, self.stats, stop)
