@@ -1,0 +1,134 @@
+"""The exporter's HTTP server: /metrics (client_python's WSGI app), the landing page, the
+conversations API, /-/healthy and /-/ready, behind the optional basic auth of
+--web.config.file; a threaded server that bounds its connections and never spins when out of
+file descriptors."""
+
+from __future__ import annotations
+
+import errno
+import html
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+
+from prometheus_client import CollectorRegistry, make_wsgi_app
+
+from .. import __version__
+from ..config import Config
+from .conversations import ConversationCosts
+from .web_config import WebSecurity
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 256  # served at once; more are closed at once (an idle one ends after QuietHandler.timeout)
+
+
+class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: socketserver's 5 drops connections under a burst of scrapes
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.connections_refused = 0
+
+    def get_request(self) -> Any:
+        try:
+            return super().get_request()
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                # out of descriptors: the listening socket stays readable, so retrying at once
+                # would spin; wait for connections to end
+                time.sleep(0.1)
+            raise
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.connections_refused += 1
+            self.shutdown_request(request)  # too many at once: this one is closed, not queued
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client that failed the TLS handshake or hung up: not the exporter's error
+        log.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class V6ThreadingWSGIServer(ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+class QuietHandler(WSGIRequestHandler):
+    timeout = 10  # a client that connects and stalls (or never finishes a TLS handshake) frees its thread
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log
+        pass
+
+
+def landing_page(cfg: Config) -> bytes:
+    path = html.escape(cfg.web.telemetry_path)
+    return f"""<!doctype html><html><head><title>llamacpp-exporter</title></head><body>
+<h1>llamacpp-exporter {html.escape(__version__)}</h1>
+<p>Prometheus exporter for llama.cpp's llama-server: one record per request from its log and /slots.</p>
+<ul><li><a href="{path}">{path}</a>: metrics</li>
+<li><a href="/api/v1/conversations">/api/v1/conversations</a>: conversations by cost to the others (JSON, pseudonyms only)</li>
+<li><a href="/-/healthy">/-/healthy</a>: the process answers; <a href="/-/ready">/-/ready</a>: the log follower, pipeline and poller run</li></ul>
+</body></html>""".encode()
+
+
+def make_app(
+    registry: CollectorRegistry,
+    cfg: Config,
+    costs: ConversationCosts | None = None,
+    ready: Callable[[], list[str]] | None = None,
+    security: WebSecurity | None = None,
+):
+    metrics_app = make_wsgi_app(registry)
+    page = landing_page(cfg)
+    telemetry = cfg.web.telemetry_path
+
+    def app(environ, start_response):
+        if security is not None and not security.authorized(environ.get("HTTP_AUTHORIZATION")):
+            start_response(
+                "401 Unauthorized",
+                [("Content-Type", "text/plain"), ("WWW-Authenticate", 'Basic realm="llamacpp-exporter"')],
+            )
+            return [b"Unauthorized\n"]
+        path = environ.get("PATH_INFO", "/")
+        if path == telemetry:
+            return metrics_app(environ, start_response)
+        if path == "/":
+            start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
+            return [page]
+        if path == "/api/v1/conversations" and costs is not None:
+            body = json.dumps(
+                {"window_seconds": costs.window, "conversations": costs.snapshot(), "contention": costs.contention()}
+            ).encode()
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [body]
+        if path in ("/-/healthy", "/healthz"):
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"OK\n"]
+        if path == "/-/ready":
+            dead = ready() if ready is not None else []
+            if dead:
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [f"not ready: {', '.join(dead)} stopped\n".encode()]
+            start_response("200 OK", [("Content-Type", "text/plain")])
+            return [b"OK\n"]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found\n"]
+
+    return app
