@@ -122,7 +122,7 @@ def test_user_facing_text_describes_the_case_not_our_name_for_it():
         *ALERTS.glob("*.yaml"),
         ROOT / "mixin" / "thresholds.yaml",
         *(ROOT / "dashboards").glob("*.json"),
-        ROOT / "exporter" / "llamacpp_exporter" / "export" / "top.py",
+        ROOT / "exporter" / "llamacpp_exporter" / "offline" / "top.py",
         ROOT / "exporter" / "llamacpp_exporter" / "cli.py",
         ROOT / "exporter" / "llamacpp_exporter" / "export" / "metrics.py",
     ]

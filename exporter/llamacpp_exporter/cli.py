@@ -120,7 +120,7 @@ def setup_logging(level: str, fmt: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["top"]:
-        from .export.top import main as top_main  # noqa: PLC0415
+        from .offline.top import main as top_main  # noqa: PLC0415
 
         return top_main(argv[1:])
     if argv[:1] == ["analyze"]:

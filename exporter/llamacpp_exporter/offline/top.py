@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from ..config import DEFAULT_PORT
-from ..offline.report import cell
+from .report import cell
 
 COLUMNS = (
     ("CONVERSATION", "conversation", 14),
