@@ -374,7 +374,6 @@ def _raise_open_files_limit() -> None:
 def run(cfg: Config) -> int:
     _raise_open_files_limit()
     exp = Exporter(cfg)
-    exp.start()
     done = threading.Event()
 
     def _signal(signum: int, frame: Any) -> None:
@@ -387,9 +386,12 @@ def run(cfg: Config) -> int:
             exp.pipeline.events.reopen_requested = True
         log.info("SIGHUP: the events file is opened again at its next record")
 
+    # before anything answers: a SIGHUP sent once /-/healthy answers must never meet the
+    # default action (the end of the process)
     signal.signal(signal.SIGTERM, _signal)
     signal.signal(signal.SIGINT, _signal)
     signal.signal(signal.SIGHUP, _reopen)
+    exp.start()
     # When standard input ends the exporter keeps serving its final metrics until stopped.
     while not done.wait(1.0):
         dead = exp.dead_threads()
