@@ -184,7 +184,7 @@ def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterP
 def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
     def enough() -> list[dict]:
         # the records, each with a conversation proven after it was written (a proof line)
-        recs = [r.to_event() for r in read_events([str(path)])[0]] if path.exists() else []
+        recs = [json.loads(json.dumps(r.to_event())) for r in read_events([str(path)])[0]] if path.exists() else []
         return recs if len(recs) >= n else []
 
     return wait_for(enough, f"{n} records in {path}", timeout, 0.2)

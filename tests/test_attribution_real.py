@@ -68,7 +68,9 @@ def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path):
     # uncertain and why; the issue's own recording names 38 of 38
     assert right >= 0.85 * len(pairs)
     # a replay of the finished log (analyze, the same pipeline) names the same conversations
-    replayed = [r.to_event() for r in analyze(Inputs([str(srv.log_path)], []), pseudonymize=ps).records]
+    replayed = [
+        json.loads(json.dumps(r.to_event())) for r in analyze(Inputs([str(srv.log_path)], []), pseudonymize=ps).records
+    ]
     by_key = {(r["slot"], r["task"], r["start_us"]): r for r in replayed}
     differ = [
         (t.conv, r["conversation_source"], by_key[k]["conversation_source"])
@@ -82,7 +84,7 @@ def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path):
 
 
 def _read(events) -> list[dict]:
-    return [r.to_event() for r in read_events([str(events)])[0]]
+    return [json.loads(json.dumps(r.to_event())) for r in read_events([str(events)])[0]]
 
 
 def _matches(events, truths) -> bool:
