@@ -309,3 +309,19 @@ def test_deferred_queue_keeps_bounds_past_its_worlds():
     q.released(0)
     q.attempt(True, 11, None)  # certainly a retry
     assert (q.lo, q.hi) == (5, 9)
+
+
+def test_a_record_takes_its_drafts_facts_under_the_same_names_and_types():
+    """The facts a draft collects become the record's by one generated list (FACTS_FROM_DRAFT):
+    the two classes must agree on each one's type, and a record's other fields are its verdict."""
+    import dataclasses
+    import typing
+
+    from llamacpp_exporter.records import FACTS_FROM_DRAFT
+
+    rec_types, draft_types = typing.get_type_hints(RequestRecord), typing.get_type_hints(TaskDraft)
+    assert len(FACTS_FROM_DRAFT) >= 26
+    for name in FACTS_FROM_DRAFT:  # the same type, or the record's may also be None (start_us)
+        assert rec_types[name] in (draft_types[name], draft_types[name] | None), name
+    verdict = {f.name for f in dataclasses.fields(RequestRecord)} - set(FACTS_FROM_DRAFT)
+    assert {"outcome", "miss_cause", "restore_result", "lora", "contention", "queue_seconds"} <= verdict
