@@ -107,7 +107,7 @@ def terminate(proc: subprocess.Popen | None) -> None:
 class LlamaServer:
     binary: Path
     model: Path
-    lora: Path
+    lora: Path | None  # None: a server without any adapter
     workdir: Path
     n_parallel: int = 2
     ctx: int = 16384
@@ -135,9 +135,6 @@ class LlamaServer:
             str(self.binary),
             "-m",
             str(self.model),
-            "--lora",
-            str(self.lora),
-            "--lora-init-without-apply",
             "-np",
             str(self.n_parallel),
             "-c",
@@ -159,6 +156,8 @@ class LlamaServer:
             "off",
             *self.extra,
         ]
+        if self.lora is not None:
+            cmd[3:3] = ["--lora", str(self.lora), "--lora-init-without-apply"]
         if self.cpus is not None:
             cmd = ["taskset", "-c", self.cpus, *cmd]
         if self.jsonl:

@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
             "/metrics and /health, assembles one record per request and serves metrics. "
             "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics. "
             "`llamacpp-exporter top --help`: the live table of conversations by cost. "
-            "`llamacpp-exporter analyze --help`: the investigation from logs already on disk."
+            "`llamacpp-exporter analyze --help`: the investigation from logs already on disk. "
+            "`llamacpp-exporter check-lora-restore --help`: whether this llama-server has the LoRA restore bug."
         ),
     )
     a = p.add_argument
@@ -123,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         from .offline.top import main as top_main  # noqa: PLC0415
 
         return top_main(argv[1:])
+    if argv[:1] == ["check-lora-restore"]:
+        from .offline.check_lora_restore import main as check_main  # noqa: PLC0415
+
+        return check_main(argv[1:])
     if argv[:1] == ["analyze"]:
         from .offline.analyze import main as analyze_main  # noqa: PLC0415
 
