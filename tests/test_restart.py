@@ -69,11 +69,13 @@ def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path, sig):
     assert len(saved["sig"]) == 64 and bytes.fromhex(saved["sig"]) not in LOG.read_bytes()
 
 
-def test_killed_three_times_while_the_log_is_written_every_request_is_counted_once(tmp_path):
-    lines, log, events, args = _setup(tmp_path)
-    cuts = [len(lines) * i // 4 for i in range(5)]
+def _killed_between_parts(tmp_path: Path, lines: list[str], log: Path, args: list[str], parts: int) -> ExporterProcess:
+    """The log written in ``parts`` parts, one exporter each, every one but the last killed
+    (SIGKILL: whatever was in flight, at any moment) once it saved a position in its part.
+    Returns the last exporter, still running."""
+    cuts = [len(lines) * i // parts for i in range(parts + 1)]
     position = tmp_path / "events.jsonl.log-position"
-    for run in range(4):
+    for run in range(parts):
         exp = ExporterProcess(args, tmp_path / f"run{run}").start()
         exp.wait_following()
         with open(log, "a") as fh:
@@ -85,10 +87,15 @@ def test_killed_three_times_while_the_log_is_written_every_request_is_counted_on
             lambda before=before: position.exists() and json.loads(position.read_text())["offset"] > before,
             "a position saved in this run",
         )
-        if run < 3:
-            exp.proc.send_signal(signal.SIGKILL)  # whatever was in flight, at any moment
+        if run < parts - 1:
+            exp.proc.send_signal(signal.SIGKILL)
             exp.proc.wait(10)
-    exp.stop()
+    return exp
+
+
+def test_killed_three_times_while_the_log_is_written_every_request_is_counted_once(tmp_path):
+    lines, log, events, args = _setup(tmp_path)
+    _killed_between_parts(tmp_path, lines, log, args, parts=4).stop()
     got = tasks(events)
     print(f"killed 3 times: {len(got)} records for 32 requests, {len(set(got))} distinct")
     assert len(got) == len(set(got)) == 32
@@ -123,22 +130,7 @@ def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_
 
     lines, log, events, args = _setup(tmp_path)
     args += ["--events.max-bytes", "4096", "--events.max-files", "1000"]
-    cuts = [len(lines) * i // 3 for i in range(4)]
-    position = tmp_path / "events.jsonl.log-position"
-    for run in range(3):
-        exp = ExporterProcess(args, tmp_path / f"run{run}").start()
-        exp.wait_following()
-        with open(log, "a") as fh:
-            fh.writelines(lines[cuts[run] : cuts[run + 1]])
-        exp.wait_lines_processed(cuts[run + 1])
-        before = len("".join(lines[: cuts[run]]).encode())
-        wait_for(
-            lambda before=before: position.exists() and json.loads(position.read_text())["offset"] > before,
-            "a position saved in this run",
-        )
-        if run < 2:
-            exp.proc.send_signal(signal.SIGKILL)
-            exp.proc.wait(10)
+    exp = _killed_between_parts(tmp_path, lines, log, args, parts=3)
     rotations = next(
         float(line.rsplit(" ", 1)[1])
         for line in exp.metrics_text().splitlines()
