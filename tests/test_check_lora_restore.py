@@ -93,3 +93,45 @@ def test_a_server_without_an_adapter_or_a_free_slot_is_refused(parts, tmp_path):
         busy.stop()
     assert no_slot[0] == 2 and "no free slot" in no_slot[2], no_slot
     assert wrong_slot[0] == 2 and "no slot 7" in wrong_slot[2], wrong_slot
+
+
+@pytest.mark.integration
+def test_answers_it_has_never_seen_are_a_refusal_never_a_crash(tmp_path):
+    """Invented answers (a web server that is not llama-server, odd JSON, an error): the check
+    refuses with its reason and exit 2, never a traceback."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answers = {"/lora-adapters": (200, b"<html>not json</html>")}
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            code, body = answers.get(self.path, (500, b"oops"))
+            self.send_response(code)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+
+    def run() -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "llamacpp_exporter", "check-lora-restore", "--llama.url", url]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+    try:
+        for lora, slots in (
+            ((200, b"<html>not json</html>"), None),
+            ((200, b'{"not": "a list"}'), None),
+            ((200, b'[{"id": 0, "scale": 0}]'), (200, b'[{"no_id": true}, 7]')),
+            ((200, b'[{"id": 0, "scale": 0}]'), (500, b"oops")),
+        ):
+            answers["/lora-adapters"] = lora
+            if slots is not None:
+                answers["/slots"] = slots
+            res = run()
+            assert res.returncode == 2 and "refused" in res.stderr and "Traceback" not in res.stderr, res.stderr
+    finally:
+        srv.shutdown()

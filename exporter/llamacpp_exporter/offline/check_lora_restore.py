@@ -78,13 +78,17 @@ class Checker:
             return None
         if r.status_code == 503:
             raise Refused("llama-server is still loading its model: try again when /health answers 200")
-        r.raise_for_status()
-        return r.json()
+        if r.status_code != 200:
+            raise Refused(f"llama-server answered {r.status_code} to GET {path}")
+        try:
+            return r.json()
+        except ValueError:
+            raise Refused(f"llama-server's answer to GET {path} is not JSON: is --llama.url a llama-server?") from None
 
     def preflight(self) -> tuple[int, int]:
         """(slot, adapter id) to use, or Refused."""
         adapters = self._get("/lora-adapters")
-        if not adapters:
+        if not isinstance(adapters, list) or not adapters:
             raise Refused("the server has no LoRA adapter loaded (start llama-server with --lora FILE): "
                           "the LoRA restore bug cannot occur")  # fmt: skip
         ids: list[int] = [a["id"] for a in adapters if isinstance(a, dict) and isinstance(a.get("id"), int)]
@@ -97,11 +101,12 @@ class Checker:
             raise Refused("the server's log says its RAM prompt cache is disabled (--cache-ram 0): "
                           "nothing is restored, so the bug cannot occur; start it with --cache-ram N")  # fmt: skip
         slots = self._get("/slots")
-        if slots is None:
+        if not isinstance(slots, list):
             raise Refused("the server does not answer /slots (--no-slots): the check needs it to pick a free slot")
-        idle: list[int] = [s["id"] for s in slots if isinstance(s, dict) and not s.get("is_processing")]
+        slots = [s for s in slots if isinstance(s, dict) and isinstance(s.get("id"), int)]
+        idle: list[int] = [s["id"] for s in slots if not s.get("is_processing")]
         if self.slot is not None:
-            if self.slot not in [s.get("id") for s in slots if isinstance(s, dict)]:
+            if self.slot not in [s["id"] for s in slots]:
                 raise Refused(f"the server has no slot {self.slot} (it has {len(slots)})")
             if self.slot not in idle:
                 raise Refused(f"slot {self.slot} is busy: give a free one with --slot, or wait")
@@ -132,8 +137,11 @@ class Checker:
             raise Refused(f"a request failed ({type(e).__name__}): the server may be overloaded") from None
         if r.status_code != 200:
             raise Refused(f"llama-server answered {r.status_code} to a check request")
-        timings = r.json().get("timings") or {}
-        return {"prompt_n": int(timings.get("prompt_n", 0)), "cache_n": int(timings.get("cache_n", 0))}
+        try:
+            timings = r.json().get("timings") or {}
+            return {"prompt_n": int(timings.get("prompt_n", 0)), "cache_n": int(timings.get("cache_n", 0))}
+        except (ValueError, AttributeError, TypeError):
+            raise Refused("llama-server's answer to a check request has no usable timings") from None
 
     def run(self, slot: int, adapter: int, with_lora: bool) -> Run:
         nonce = secrets.token_hex(6)
