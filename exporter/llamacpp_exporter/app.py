@@ -19,7 +19,6 @@ from typing import Any
 from wsgiref.simple_server import WSGIServer, make_server
 
 from prometheus_client import (
-    CollectorRegistry,
     Gauge,
     PlatformCollector,
     ProcessCollector,
@@ -32,6 +31,7 @@ from .assemble.pseudonyms import Pseudonymizer
 from .config import Config, parse_listen_address, position_file, read_api_key, read_salt, redact_url
 from .export.conversations import ConversationCosts
 from .export.events import written_records
+from .export.exposition import ExpositionRegistry
 from .export.http import QuietHandler, ThreadingWSGIServer, V6ThreadingWSGIServer, make_app
 from .export.web_config import load_web_config
 from .pipeline import Pipeline
@@ -113,7 +113,7 @@ class _ServerFamilies(Collector):
 class Exporter:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.registry = CollectorRegistry()
+        self.registry = ExpositionRegistry()
         self.stop = threading.Event()
         self.q: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_ITEMS)
         api_key = read_api_key(cfg.llama)

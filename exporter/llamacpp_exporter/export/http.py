@@ -1,4 +1,4 @@
-"""The exporter's HTTP server: /metrics (client_python's WSGI app), the landing page, the
+"""The exporter's HTTP server: /metrics (exposition.py), the landing page, the
 conversations API, /-/healthy and /-/ready, behind the optional basic auth of
 --web.config.file; a threaded server that bounds its connections and never spins when out of
 file descriptors."""
@@ -17,11 +17,12 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client import CollectorRegistry
 
 from .. import __version__
 from ..config import Config
 from .conversations import ConversationCosts
+from .exposition import make_metrics_app
 from .web_config import WebSecurity
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ def make_app(
     ready: Callable[[], list[str]] | None = None,
     security: WebSecurity | None = None,
 ):
-    metrics_app = make_wsgi_app(registry)
+    metrics_app = make_metrics_app(registry)
     page = landing_page(cfg)
     telemetry = cfg.web.telemetry_path
 

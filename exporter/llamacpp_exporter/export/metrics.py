@@ -12,7 +12,7 @@ import bisect
 import itertools
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -21,6 +21,7 @@ from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
 from ..records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
+from .exposition import Encoding, RenderedChildren, render_families
 
 PREFILL_SECONDS_BUCKETS = (
     0.005,
@@ -51,50 +52,73 @@ LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversize
 
 class _CounterValues:
     """A counter family as plain numbers by label values, rendered at scrape time: an update
-    costs a dict lookup, no lock and no label check (client_python's advice for exporters)."""
+    costs a dict lookup, no lock and no label check (client_python's advice for exporters).
+    Each child's exposition is kept and rendered again only when its value changed."""
+
+    metric_family: type[CounterMetricFamily] | type[GaugeMetricFamily] = CounterMetricFamily
 
     def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
         self.name, self.doc, self.labelnames = name, doc, list(labelnames)
         self.values: dict[tuple[str, ...], float] = {}
+        self.rendered = RenderedChildren(self._family)
 
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
         self.values[key] = self.values.get(key, 0.0) + amount
 
-    def family(self) -> CounterMetricFamily:
-        f = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
-        for key, value in list(self.values.items()):
+    def _family(self, children: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
+        f = self.metric_family(self.name, self.doc, labels=self.labelnames)
+        for key, value in children:
             f.add_metric(key, value)
         return f
+
+    def family(self) -> Metric:
+        return self._family(list(self.values.items()))
+
+    def render(self, encoding: Encoding) -> list[bytes]:
+        # the value is its own version: an unchanged child is not rendered again
+        return self.rendered.render(encoding, [(key, value, value) for key, value in list(self.values.items())])
+
+
+class _GaugeValues(_CounterValues):
+    """A gauge family as plain numbers (set by assignment to ``values``)."""
+
+    metric_family = GaugeMetricFamily
+
+
+_HistogramChild = tuple[list[float], list[Exemplar | None], list[float]]
 
 
 class _HistogramValues:
     """A histogram family as plain numbers: per label values, the count in each bucket (not
-    cumulative), the sum, and the last exemplar of each bucket. Rendered as prometheus_client's
-    Histogram renders it."""
+    cumulative), the sum and the number of observations, and the last exemplar of each bucket.
+    Rendered as prometheus_client's Histogram renders it, each child again only after an
+    observation."""
 
     def __init__(self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
         self.name, self.doc, self.labelnames = name, doc, list(labelnames)
         self.bounds = [float(b) for b in buckets] + [math.inf]
         self.le = [floatToGoString(b) for b in self.bounds]
-        self.children: dict[tuple[str, ...], tuple[list[float], list[Exemplar | None], list[float]]] = {}
+        self.children: dict[tuple[str, ...], _HistogramChild] = {}
+        self.rendered = RenderedChildren(self._family)
 
-    def child(self, key: tuple[str, ...]) -> tuple[list[float], list[Exemplar | None], list[float]]:
+    def child(self, key: tuple[str, ...]) -> _HistogramChild:
         c = self.children.get(key)
         if c is None:
-            c = self.children[key] = ([0.0] * len(self.bounds), [None] * len(self.bounds), [0.0])
+            c = self.children[key] = ([0.0] * len(self.bounds), [None] * len(self.bounds), [0.0, 0.0])
         return c
 
     def observe(self, key: tuple[str, ...], value: float, exemplar: dict[str, str]) -> None:
         counts, exemplars, total = self.child(key)
         total[0] += value
+        total[1] += 1  # observations, NaN included: the child's version
         if value <= math.inf:  # not NaN: the first bucket whose bound is >= the value
             i = bisect.bisect_left(self.bounds, value)
             counts[i] += 1
             exemplars[i] = Exemplar(exemplar, value, time.time())
 
-    def family(self) -> HistogramMetricFamily:
+    def _family(self, children: Iterable[tuple[tuple[str, ...], _HistogramChild]]) -> Metric:
         f = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
-        for key, (counts, exemplars, total) in list(self.children.items()):
+        for key, (counts, exemplars, total) in children:
             acc = 0.0
             buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             for le, n, ex in zip(self.le, counts, exemplars, strict=True):
@@ -102,6 +126,12 @@ class _HistogramValues:
                 buckets.append((le, acc) if ex is None else (le, acc, ex))
             f.add_metric(key, buckets, total[0])
         return f
+
+    def family(self) -> Metric:
+        return self._family(list(self.children.items()))
+
+    def render(self, encoding: Encoding) -> list[bytes]:
+        return self.rendered.render(encoding, [(key, child[2][1], child) for key, child in list(self.children.items())])
 
 
 class RequestMetrics(Collector):
@@ -312,6 +342,9 @@ class RequestMetrics(Collector):
         for m in self._families:
             yield m.family()
 
+    def render_exposition(self, encoding: Encoding) -> list[bytes]:
+        return [part for m in self._families for part in m.render(encoding)]
+
     def slots_known(self, model: str, slot_ids: list[int]) -> None:
         self._slots.setdefault(model, set()).update(slot_ids)
         for i in slot_ids:
@@ -415,7 +448,12 @@ class LogMetrics:
         )
         # Set or counted for every line or every few: plain numbers, rendered at scrape time
         # (no lock, no label lookup on the hot path), as client_python advises for exporters.
-        self.prefill_tokens_in_progress: dict[tuple[str, str], int] = {}  # by (model, slot id)
+        self.in_progress = _GaugeValues(
+            "llamacpp_slot_prefill_tokens_in_progress",
+            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
+            ["model", "slot"],
+        )
+        self.prefill_tokens_in_progress = self.in_progress.values  # by (model, slot id)
         self.lines: dict[str, int] = dict.fromkeys(LOG_LINE_RESULTS, 0)
         self.last_line_time = 0.0
         registry.register(_LineCollector(self))
@@ -586,15 +624,14 @@ class _LineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._families()
 
+    def render_exposition(self, encoding: Encoding) -> list[bytes]:
+        return [*self.m.in_progress.render(encoding), render_families(encoding, self._line_families())]
+
     def _families(self) -> Iterator[Metric]:
-        in_progress = GaugeMetricFamily(
-            "llamacpp_slot_prefill_tokens_in_progress",
-            "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
-            labels=["model", "slot"],
-        )
-        for (model, slot), tokens in list(self.m.prefill_tokens_in_progress.items()):
-            in_progress.add_metric([model, slot], tokens)
-        yield in_progress
+        yield self.m.in_progress.family()
+        yield from self._line_families()
+
+    def _line_families(self) -> Iterator[Metric]:
         lines = CounterMetricFamily(
             "llamacpp_exporter_log_lines",
             "Log lines read, by result: parsed, ignored (known, not needed), unrecognized (a server line whose "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -204,6 +205,16 @@ _PROMPT_HELP_OLD = (
 )
 
 
+_NOT_LEGACY = re.compile(r"[^a-zA-Z0-9_]|^[0-9]")
+
+
+def _legacy_name(name: str) -> str:
+    """``llamacpp:x`` -> ``llamacpp_server_x``, and every character but letters, digits and
+    underscores made an underscore: colons are for recording rules, and /metrics relies on
+    legacy names (exposition.negotiate)."""
+    return _NOT_LEGACY.sub("_", name.replace("llamacpp:", SERVER_PREFIX, 1))
+
+
 def rename_server_metrics(text: str) -> list[Metric]:
     """llama-server's ``llamacpp:name`` families -> ``llamacpp_server_name``.
 
@@ -219,10 +230,10 @@ def rename_server_metrics(text: str) -> list[Metric]:
     for fam in text_string_to_metric_families(text):
         if not fam.name.startswith("llamacpp:"):
             continue  # only llama-server's own families: anything else could clash with ours
-        name = fam.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_")
+        name = _legacy_name(fam.name)
         typ = fam.type
         samples = [
-            Sample(s.name.replace("llamacpp:", SERVER_PREFIX, 1).replace(":", "_"), s.labels, s.value)
+            Sample(_legacy_name(s.name), {_legacy_name(k): v for k, v in s.labels.items()}, s.value)
             for s in fam.samples
         ]
         if typ == "counter" and fam.name in raw_names:
