@@ -154,7 +154,7 @@ def main() -> int:
                     body = c.get(exp.url + "/metrics").text
                     times.append((time.perf_counter() - t) * 1000)
             series = sum(1 for ln in body.splitlines() if ln and not ln.startswith("#"))
-            slots = len(set(re.findall(r'llamacpp_decode_prefill_overlap_seconds_total\{slot="(\d+)"', body)))
+            slots = len(set(re.findall(r'llamacpp_decode_prefill_overlap_seconds_total\{[^}]*slot="(\d+)"', body)))
             convs = len(set(re.findall(r'conversation="([^"]+)"', body)))
             print(
                 f"scrape: {series} series ({slots} slots, {convs} conversations named), {len(body) / 1024:.0f} KiB; "
@@ -177,7 +177,7 @@ def main() -> int:
                     value = 100 + i % 2  # alternate, so that each probe changes the value
                     msg = re.sub(r"cache state: \d+ prompts", f"cache state: {value} prompts", state_msg)
                     line = _stamp(last + (i + 1) * 1_000_000) + msg
-                    want = f"llamacpp_prompt_cache_entries {float(value)}"
+                    want = f'llamacpp_prompt_cache_entries{{model=""}} {float(value)}'
                     t = time.perf_counter()
                     fh.write(line + "\n")
                     fh.flush()

@@ -16,5 +16,6 @@ echo "== throughput next to mtail (one million lines)"; .venv/bin/python benchma
 echo "== where a line's time goes, next to four times mtail"; .venv/bin/python benchmarks/hot_path_budget.py --compiled
 echo "== the live exporter: memory, scrape cost, freshness"; .venv/bin/python benchmarks/live_exporter.py
 echo "== overhead on a real llama-server, with and without the exporter"; .venv/bin/python benchmarks/server_overhead.py
+echo "== headroom against the fastest llama-server here"; .venv/bin/python benchmarks/server_log_rate.py
 echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throughput.py
 echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py

@@ -42,12 +42,12 @@ def _stamp(us: int) -> str:
     return f"{us // 60_000_000}.{us // 1_000_000 % 60:02d}.{us // 1000 % 1000:03d}.{us % 1000:03d} "
 
 
-def build_log(path: Path, min_lines: int) -> int:
+def build_log(path: Path, min_lines: int, sources: list[Path] | None = None) -> int:
     """The first recording whole (start banner included), then the request part of each
     recording in turn, shifted past the last timestamp and task id so far."""
     recordings = []
-    for name in SOURCES:
-        lines = (LOGS / name).read_text().splitlines(keepends=True)
+    for src in sources or [LOGS / name for name in SOURCES]:
+        lines = src.read_text().splitlines(keepends=True)
         first = next(i for i, ln in enumerate(lines) if "conv_id=" in ln or "launch_slot_" in ln)
         recordings.append((lines[:first], lines[first:]))
     n = 0
