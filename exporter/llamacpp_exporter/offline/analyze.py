@@ -15,9 +15,10 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -33,6 +34,7 @@ from ..pipeline import Pipeline
 from ..records import JoinSource, RequestRecord, record_from_event
 from . import plots, report
 from .history import History
+from .store import RecordStore, StoredValues, write_jsonl
 
 log = logging.getLogger("llamacpp_exporter.offline.analyze")
 _ROTATED = re.compile(r"^(?P<base>.*?)(?:[.-](?P<n>\d+))?(?:\.gz)?$")
@@ -81,11 +83,19 @@ class Inputs:
 
 @dataclass
 class Analysis:
-    records: list[RequestRecord]
+    store: RecordStore  # the records, on disk
     conversations: list[dict[str, Any]] | None  # the pipeline's costs, when a log was read
     sources: dict[str, Any]
     history: History | None = None
     file_ends: list[FileEnd] = field(default_factory=list)
+
+    @cached_property
+    def records(self) -> list[RequestRecord]:
+        """Every record in memory, in the order they were made (tests, small inputs, --plot)."""
+        return list(self.store.records())
+
+    def close(self) -> None:
+        self.store.close()
 
 
 class _Progress:
@@ -125,8 +135,6 @@ class FileEnd:
 
 @dataclass
 class LogReading:
-    records: list[RequestRecord]
-    proofs: dict[tuple, tuple[str, str]]  # (slot, task, start_us) -> conversation proven after its record
     pipeline: Pipeline  # its counters: lines read, unrecognized, restarts
     lines: int
     history: History | None  # the metrics over time, when a step was given
@@ -138,23 +146,18 @@ def read_logs(
     paths: list[str],
     settings: AssemblySettings,
     pseudonymize: Pseudonymizer,
+    store: RecordStore,
     progress: bool = False,
     history_step: float | None = None,
 ) -> LogReading:
     """Every file in turn through one pipeline (a rotated set is one stream; a server start
-    inside it is a new run)."""
-    records: list[RequestRecord] = []
-    proofs: dict[tuple, tuple[str, str]] = {}
-
-    def proven(rec: RequestRecord, conversation: str, source: str) -> None:
-        proofs[(rec.model, rec.slot, rec.task, rec.start_us)] = (conversation, source)  # as _key
-
+    inside it is a new run), each record into the store as it is made."""
     # log time only: a replay must not expire conversation costs by the wall clock
     pl = Pipeline(
         CollectorRegistry(),
         settings,
-        on_record=records.append,
-        on_proof=proven,
+        on_record=store.add,
+        on_proof=store.add_proof,
         clock=lambda: 0.0,
         pseudonymize=pseudonymize,
         # the whole log is one window: the clock stands still at 0 while it is read
@@ -190,7 +193,8 @@ def read_logs(
     if history is not None:
         history.sample(a.epoch, a.clock.now, final=True)
     bar.close()
-    return LogReading(records, proofs, pl, n, history, ends, problems)
+    store.apply_proofs()
+    return LogReading(pl, n, history, ends, problems)
 
 
 def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
@@ -227,12 +231,10 @@ def apply_proofs(records: list[RequestRecord], proofs: dict[tuple, tuple[str, st
             records[i] = replace(r, conversation=proof[0], conversation_source=source)
 
 
-def read_events(paths: list[str]) -> tuple[list[RequestRecord], int]:
-    """The exporter's events files: one record per line, and the conversations proven after
-    their record was written (applied to it). Lines that are neither are counted, never fatal."""
-    out: list[RequestRecord] = []
-    proofs: dict[tuple, tuple[str, str]] = {}
-    bad = 0
+def _events_lines(paths: list[str]) -> Iterator[RequestRecord | tuple[tuple, tuple[str, str]] | None]:
+    """Each line of the exporter's events files: a record, a proof (a conversation proven after
+    its record was written: key, (conversation, source)), or None for a line that is neither
+    (counted, never fatal; so is a file that cannot be read to its end)."""
     for path in paths:
         try:
             with _open(path) as fh:
@@ -242,22 +244,56 @@ def read_events(paths: list[str]) -> tuple[list[RequestRecord], int]:
                     except ValueError:
                         obj = None
                     if isinstance(obj, dict) and "proof" in obj:
-                        proof = _as_proof(obj)
-                        if proof is None:
-                            bad += 1
-                        else:
-                            proofs[proof[0]] = proof[1]
-                        continue
-                    rec = record_from_event(obj)
-                    if rec is None:
-                        bad += 1
+                        yield _as_proof(obj)
                     else:
-                        out.append(rec)
+                        yield record_from_event(obj)
         except (OSError, EOFError) as e:
             log.warning("%s: read up to here, the rest is unreadable: %s", path, _why(e))
+            yield None
+
+
+def read_events(paths: list[str]) -> tuple[list[RequestRecord], int]:
+    """The exporter's events files in memory: one record per line, and the conversations proven
+    after their record was written (applied to it), and how many lines were neither."""
+    out: list[RequestRecord] = []
+    proofs: dict[tuple, tuple[str, str]] = {}
+    bad = 0
+    for item in _events_lines(paths):
+        if item is None:
             bad += 1
+        elif isinstance(item, tuple):
+            proofs[item[0]] = item[1]
+        else:
+            out.append(item)
     apply_proofs(out, proofs)
     return out, bad
+
+
+def _reclassified(e: RequestRecord, settings: AssemblySettings) -> RequestRecord:
+    """An events record's cache outcome under this run's thresholds, not the recording exporter's."""
+    if e.prompt_tokens is None or e.reused_tokens is None:
+        return e
+    verdict = outcome(
+        e.prompt_tokens, e.reused_tokens, settings.min_prompt_tokens, settings.hit_ratio, settings.miss_ratio
+    )
+    return replace(e, outcome=verdict)
+
+
+def _events_into(store: RecordStore, paths: list[str], settings: AssemblySettings, as_records: bool) -> tuple[int, int]:
+    """The events files into the store: as the analysis's records (no log given), or as the
+    records that stand for the log's of the same task. Returns (records, lines that were neither)."""
+    n = bad = 0
+    for item in _events_lines(paths):
+        if item is None:
+            bad += 1
+        elif isinstance(item, tuple):
+            store.add_proof_key(item[0], *item[1], events=True)
+        else:
+            n += 1
+            rec = _reclassified(item, settings)
+            store.add_as_is(rec) if as_records else store.add_event(rec)
+    store.apply_event_proofs(to_records=as_records)
+    return n, bad
 
 
 def _key(r: RequestRecord) -> tuple[Any, ...]:
@@ -276,19 +312,18 @@ def analyze(
     settings = settings or AssemblySettings()
     pseudonymize = pseudonymize or Pseudonymizer()
     sources: dict[str, Any] = {"logs": len(inputs.logs), "events_files": len(inputs.events)}
-    events, bad = read_events(inputs.events) if inputs.events else ([], 0)
-    for i, e in enumerate(events):  # classified under this run's thresholds, not the recording exporter's
-        if e.prompt_tokens is not None and e.reused_tokens is not None:
-            verdict = outcome(
-                e.prompt_tokens, e.reused_tokens, settings.min_prompt_tokens, settings.hit_ratio, settings.miss_ratio
-            )
-            events[i] = replace(e, outcome=verdict)
-    if inputs.events:
-        sources["events_records"] = len(events)
-        sources["events_lines_not_records"] = bad
-    if not inputs.logs:
-        return Analysis(events, None, sources)
-    reading = read_logs(rotation_order(inputs.logs), settings, pseudonymize, progress, history_step)
+    store = RecordStore()
+    try:
+        if inputs.events:
+            n, bad = _events_into(store, inputs.events, settings, as_records=not inputs.logs)
+            sources["events_records"] = n
+            sources["events_lines_not_records"] = bad
+        if not inputs.logs:
+            return Analysis(store, None, sources)
+        reading = read_logs(rotation_order(inputs.logs), settings, pseudonymize, store, progress, history_step)
+    except BaseException:
+        store.close()
+        raise
     pl, lines = reading.pipeline, reading.lines
     g = pl.registry.get_sample_value
     sources["log_lines"] = lines
@@ -297,20 +332,9 @@ def analyze(
     sources["server_restarts_seen"] = int(g("llamacpp_exporter_server_restarts_total") or 0)
     if reading.problems:
         sources["files_not_read_to_the_end"] = reading.problems
-    records = list(reading.records)
-    apply_proofs(records, reading.proofs)
-    if events:
-        # an events record was written by an exporter that polled /slots: it knows the LoRA
-        # a bare log lacks, so it stands for its task; the log adds the tasks it missed
-        by_key = {_key(e): e for e in events}
-        matched = 0
-        for i, r in enumerate(records):
-            recorded = by_key.get(_key(r))
-            if recorded is not None:
-                records[i] = replace(recorded, epoch=r.epoch)  # this reading's run numbering
-                matched += 1
-        sources["events_matched_to_log"] = matched
-    return Analysis(records, pl.costs.snapshot(), sources, reading.history, reading.file_ends)
+    if inputs.events:
+        sources["events_matched_to_log"] = store.matched_to_events
+    return Analysis(store, pl.costs.snapshot(), sources, reading.history, reading.file_ends)
 
 
 def dated(result: Analysis) -> list[tuple[float | None, RequestRecord]]:
@@ -328,6 +352,48 @@ def within(
         return [r for _, r in records], 0
     kept = [r for t, r in records if t is not None and (since is None or t >= since) and (until is None or t < until)]
     return kept, sum(1 for t, _ in records if t is None)
+
+
+def streamed_report(
+    result: Analysis, opts: Options, settings: AssemblySettings, since: float | None, until: float | None
+) -> dict[str, Any]:
+    """The report of the requests started in [since, until), read from the store one record at
+    a time: counted in the order they were made, followed in start order (the whole history: a
+    conversation may begin before the window), percentiles sorted by SQLite."""
+    windowed = since is not None or until is not None
+    clock = wall_clock(result.file_ends)
+    undated = 0
+
+    def in_window(r: RequestRecord) -> bool:
+        if not windowed:
+            return True
+        t = clock(r.epoch, r.start_us) if r.start_us is not None else None
+        return t is not None and (since is None or t >= since) and (until is None or t < until)
+
+    builder = report.ReportBuilder(opts.gap_seconds, settings.big_conversation_tokens, StoredValues(result.store))
+    for r in result.store.records():
+        if in_window(r):
+            builder.count(r)
+        elif r.start_us is None or clock(r.epoch, r.start_us) is None:
+            undated += 1
+    for r in result.store.by_start():
+        builder.follow(r, in_window(r))
+    rep = builder.result(
+        # the conversations' costs are the whole log's: a window ranks by prefill time
+        conversations=None if windowed else result.conversations,
+        top=opts.top,
+        sources=dict(result.sources, since=since, until=until) if windowed else result.sources,
+    )
+    if windowed and undated:
+        rep["unknown"].append(
+            {
+                "what": "time",
+                "requests": undated,
+                "why": "left out of the time window: their server run cannot be dated (an events file "
+                "alone, or another run follows it in the same log file)",
+            }
+        )
+    return rep
 
 
 def parse_time(text: str) -> float:
@@ -425,6 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="write PNG charts to DIR: miss rate over time by LoRA state, prefill durations, time per output "
         "token with and without another slot's prefill (needs matplotlib: pip install 'llamacpp-exporter[plot]')",
     )
+    ap.add_argument(
+        "--records",
+        metavar="OUT.jsonl",
+        help="also write every request record read, one JSON line each, in the exporter's events-file form "
+        "(readable again with --events, or with jq or DuckDB)",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress line on large inputs")
     return ap
 
@@ -476,6 +548,27 @@ def main(argv: list[str]) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         history_step=opts.openmetrics_step if args.openmetrics else None,
     )
+    try:
+        return _outputs(args, opts, settings, salt, labels, result)
+    finally:
+        result.close()
+
+
+def _outputs(
+    args: argparse.Namespace,
+    opts: Options,
+    settings: AssemblySettings,
+    salt: str | None,
+    labels: dict[str, str],
+    result: Analysis,
+) -> int:
+    if args.records:
+        try:
+            n = write_jsonl(result.store.records(), args.records)
+        except OSError as e:
+            print(f"llamacpp-exporter analyze: cannot write {args.records}: {e.strerror}", file=sys.stderr)
+            return 1
+        print(f"analyze: {n} request records written to {args.records}", file=sys.stderr)
     if args.openmetrics:
         if result.history is None or not any(e.log_us for e in result.file_ends):
             print(
@@ -501,34 +594,16 @@ def main(argv: list[str]) -> int:
         print(note, file=sys.stderr)
 
     def build(result: Analysis, since: float | None, until: float | None) -> dict[str, Any]:
-        records, undated = within(dated(result), since, until)
-        windowed = since is not None or until is not None
-        rep = report.build(
-            records,
-            gap_seconds=opts.gap_seconds,
-            large_prefill_tokens=settings.big_conversation_tokens,
-            # the conversations' costs are the whole log's: a window ranks by prefill time
-            conversations=None if windowed else result.conversations,
-            top=opts.top,
-            sources=dict(result.sources, since=since, until=until) if windowed else result.sources,
-            history=result.records,  # a conversation may have begun before the window
-        )
-        if windowed and undated:
-            rep["unknown"].append(
-                {
-                    "what": "time",
-                    "requests": undated,
-                    "why": "left out of the time window: their server run cannot be dated (an events file "
-                    "alone, or another run follows it in the same log file)",
-                }
-            )
-        return rep
+        return streamed_report(result, opts, settings, since, until)
 
     if args.compare_at is not None or args.compare_with:
         if args.compare_with:
             other = analyze(Inputs(args.compare_with, []), settings, Pseudonymizer(salt))
             names = ("first logs", "--compare-with logs")
-            a, b = build(result, args.since, args.until), build(other, args.since, args.until)
+            try:
+                a, b = build(result, args.since, args.until), build(other, args.since, args.until)
+            finally:
+                other.close()
         else:
             at = datetime.fromtimestamp(args.compare_at).isoformat(timespec="seconds")
             names = (f"before {at}", f"from {at}")

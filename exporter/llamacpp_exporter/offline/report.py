@@ -13,7 +13,7 @@ import csv
 import io
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from ..records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
 
@@ -64,37 +64,53 @@ def percentiles(values: list[float]) -> dict[str, Any]:
     }
 
 
-def _miss_table(records: list[RequestRecord]) -> dict[str, dict[str, dict[str, Any]]]:
+class _MissTable:
     """Miss rate by selection path and LoRA state over the records with a cache outcome."""
-    num: Counter = Counter()
-    den: Counter = Counter()
-    for r in records:
+
+    def __init__(self) -> None:
+        self.num: Counter = Counter()
+        self.den: Counter = Counter()
+
+    def add(self, r: RequestRecord) -> None:
         if r.outcome is None:
-            continue
+            return
         for path in (r.path, "all"):
             for lora in (r.lora, "all"):
-                den[path, lora] += 1
-                num[path, lora] += r.outcome == "miss"
-    return {p: {lo: rate(num[p, lo], den[p, lo]) for lo in RATE_LORA} for p in RATE_PATHS}
+                self.den[path, lora] += 1
+                self.num[path, lora] += r.outcome == "miss"
+
+    def result(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {p: {lo: rate(self.num[p, lo], self.den[p, lo]) for lo in RATE_LORA} for p in RATE_PATHS}
 
 
-def could_have_hit(
-    records: list[RequestRecord], gap_seconds: float, history: list[RequestRecord] | None = None
-) -> tuple[list[RequestRecord], dict[str, int]]:
-    """The records that could have hit the cache, and how many each exclusion removed (each
-    request counted under its first exclusion, in the order of EXCLUSIONS). history: all the
-    records, when `records` is a time window of them (a conversation may begin before it)."""
-    excluded: Counter = Counter()
-    kept = []
-    wanted = {id(r) for r in records}
-    previous: dict[str, RequestRecord] = {}  # conversation -> its previous request
-    for r in sorted(history or records, key=lambda r: (r.epoch, r.start_us or 0)):
+def _miss_table(records: Iterable[RequestRecord]) -> dict[str, dict[str, dict[str, Any]]]:
+    table = _MissTable()
+    for r in records:
+        table.add(r)
+    return table.result()
+
+
+class _CouldHaveHit:
+    """Follows every conversation through the records in start order (each server run in turn)
+    and keeps the requests that could have hit the cache; counts how many each exclusion removed
+    (each request under its first exclusion, in the order of EXCLUSIONS). Keeps one record per
+    conversation (its previous request), never the records themselves."""
+
+    def __init__(self, gap_seconds: float, keep: bool = False) -> None:
+        self.gap_us = gap_seconds * 1_000_000
+        self.previous: dict[str, RequestRecord] = {}  # conversation -> its previous request
+        self.excluded: Counter = Counter()
+        self.table = _MissTable()
+        self.considered = 0
+        self.kept: list[RequestRecord] | None = [] if keep else None
+
+    def follow(self, r: RequestRecord, wanted: bool) -> None:
         conv = r.conversation
-        prev = previous.get(conv) if conv is not None else None
+        prev = self.previous.get(conv) if conv is not None else None
         if conv is not None:
-            previous[conv] = r
-        if r.outcome is None or id(r) not in wanted:
-            continue
+            self.previous[conv] = r
+        if r.outcome is None or not wanted:
+            return
         if conv is None:
             reason = "conversation_unknown"
         elif prev is None:
@@ -103,13 +119,32 @@ def could_have_hit(
             reason = "after_server_restart"
         elif _prefix_changed(r, prev):
             reason = "prefix_changed"
-        elif prev.end_us is not None and r.start_us is not None and r.start_us - prev.end_us > gap_seconds * 1_000_000:
+        elif prev.end_us is not None and r.start_us is not None and r.start_us - prev.end_us > self.gap_us:
             reason = "after_long_gap"
         else:
-            kept.append(r)
-            continue
-        excluded[reason] += 1
-    return kept, {k: excluded[k] for k in EXCLUSIONS}
+            self.considered += 1
+            self.table.add(r)
+            if self.kept is not None:
+                self.kept.append(r)
+            return
+        self.excluded[reason] += 1
+
+
+def _start_order(records: Iterable[RequestRecord]) -> list[RequestRecord]:
+    return sorted(records, key=lambda r: (r.epoch, r.start_us or 0))
+
+
+def could_have_hit(
+    records: list[RequestRecord], gap_seconds: float, history: list[RequestRecord] | None = None
+) -> tuple[list[RequestRecord], dict[str, int]]:
+    """The records that could have hit the cache, and how many each exclusion removed. history:
+    all the records, when `records` is a time window of them (a conversation may begin before it)."""
+    follower = _CouldHaveHit(gap_seconds, keep=True)
+    wanted = {id(r) for r in records}
+    for r in _start_order(history or records):
+        follower.follow(r, id(r) in wanted)
+    assert follower.kept is not None
+    return follower.kept, {k: follower.excluded[k] for k in EXCLUSIONS}
 
 
 def _prefix_changed(r: RequestRecord, prev: RequestRecord) -> bool:
@@ -135,6 +170,235 @@ def _prefix_changed(r: RequestRecord, prev: RequestRecord) -> bool:
     )
 
 
+class ValueLists:
+    """Values to take percentiles of, by group, in memory (StoredValues in store.py keeps them
+    on disk)."""
+
+    def __init__(self) -> None:
+        self.lists: defaultdict[str, list[float]] = defaultdict(list)
+
+    def add(self, group: str, value: float) -> None:
+        self.lists[group].append(value)
+
+    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, float]]:
+        vs = sorted(self.lists.get(group, ()))
+        return len(vs), {k: vs[k] for k in ranks if 0 <= k < len(vs)}
+
+
+class Values(Protocol):
+    def add(self, group: str, value: float) -> None: ...
+
+    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, float]]: ...
+
+
+def _percentiles(values: Values, group: str) -> dict[str, Any]:
+    """As percentiles() of the group's values: the value at rank int(p * n) of the n sorted."""
+    n, _ = values.ranked(group, ())
+    if not n:
+        return percentiles([])
+    ranks = {p: min(n - 1, int(p * n)) for p in (0.5, 0.9, 0.99)}
+    _, at = values.ranked(group, [*ranks.values(), n - 1])
+    return {
+        "count": n,
+        "p50": at[ranks[0.5]],
+        "p90": at[ranks[0.9]],
+        "p99": at[ranks[0.99]],
+        "max": at[n - 1],
+        "small_sample": n < SMALL_SAMPLE,
+    }
+
+
+class ReportBuilder:
+    """The report, one record at a time: ``count`` each record of the report (any order, the
+    same order for the same report), ``follow`` every record of the history in start order
+    (see _CouldHaveHit), then ``result``. What it keeps is counts, one record per conversation,
+    and the values for percentiles in ``values`` (in memory, or on disk)."""
+
+    def __init__(self, gap_seconds: float, large_prefill_tokens: int, values: Values) -> None:
+        self.gap_seconds = gap_seconds
+        self.large_prefill_tokens = large_prefill_tokens
+        self.values = values
+        self.embedding_tasks = 0
+        self.total = self.finished = self.lora_known = self.diag = self.no_outcome = 0
+        self.models: set[str] = set()
+        self.epochs: set[int] = set()
+        self.known = self.prompt_tokens = self.reused_tokens = 0
+        self.by_lora: Counter = Counter()
+        self.by_path: Counter = Counter()
+        self.by_model: Counter = Counter()
+        self.miss_table = _MissTable()
+        self.causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
+        self.restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
+        self.large_unknown = self.large = self.takeovers = 0
+        self.conversations: dict[str, dict[str, Any]] = {}  # for an events file alone: what each computed
+        self.chh = _CouldHaveHit(gap_seconds)
+
+    def count(self, r: RequestRecord) -> None:
+        if r.kind != "completion":
+            # embedding and rerank tasks are no completion requests: counted apart, as the exporter does
+            self.embedding_tasks += 1
+            return
+        self.total += 1
+        model = r.model or ""
+        self.models.add(model)
+        self.by_model[model] += 1
+        self.epochs.add(r.epoch)
+        # the live exporter's rules, so that analyze and the exporter count alike: a request
+        # without a timings block is cancelled; tokens count where both prompt and reused are known
+        finished = not ((r.cancelled or r.failed) and r.generated_tokens is None)
+        if finished:
+            self.finished += 1
+            self.diag += r.reuse_source == "log"
+            self.no_outcome += r.outcome is None and r.reused_tokens is None
+        if r.prompt_tokens is not None and r.reused_tokens is not None:
+            self.known += 1
+            self.prompt_tokens += r.prompt_tokens
+            self.reused_tokens += r.reused_tokens
+        self.lora_known += r.lora in ("none", "active")
+        self.by_lora[r.lora] += 1
+        self.by_path[r.path] += 1
+        self.miss_table.add(r)
+        if r.outcome == "miss":
+            c = r.miss_cause or "unknown"
+            for lo in (r.lora, "all"):
+                self.causes[lo][c] = self.causes[lo].get(c, 0) + 1
+        if r.restore_result:
+            for lo in (r.lora, "all"):
+                self.restores[lo][r.restore_result] = self.restores[lo].get(r.restore_result, 0) + 1
+        if r.prefill_seconds is not None:
+            self.values.add("prefill:" + r.path, r.prefill_seconds)
+            self.values.add("prefill:all", r.prefill_seconds)
+        v, cont = r.time_per_output_token_seconds, r.contention
+        if v is not None and cont in ("prefill", "none"):  # an events file of another version may say more
+            self.values.add("tpot:" + cont, v)
+            if cont == "prefill":
+                size = r.overlapping_prefill_tokens
+                if size is None:
+                    self.large_unknown += 1
+                elif size >= self.large_prefill_tokens:
+                    self.values.add("tpot:large", v)
+        self.large += (r.prefill_tokens or 0) >= self.large_prefill_tokens
+        self.takeovers += bool(r.small_task_takeover)
+        conv = r.conversation
+        if conv is not None:
+            row = self.conversations.setdefault(
+                conv, {"conversation": conv, "requests": 0, "prompt_tokens": 0, "prefill_seconds": 0.0}
+            )
+            row["requests"] += 1
+            row["prompt_tokens"] += r.prompt_tokens or 0
+            row["prefill_seconds"] += r.prefill_seconds or 0.0
+
+    def follow(self, r: RequestRecord, in_report: bool) -> None:
+        self.chh.follow(r, in_report and r.kind == "completion")
+
+    def result(
+        self, conversations: list[dict] | None = None, top: int = 10, sources: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        unknowns = self._unknowns(sources)
+        excluded = {k: self.chh.excluded[k] for k in EXCLUSIONS}
+        models = sorted(self.models)
+        return {
+            "sources": sources or {},
+            "requests": {
+                "total": self.total,
+                "finished": self.finished,
+                "cancelled_or_failed": self.total - self.finished,
+                "server_runs": len(self.epochs),
+                "prompt_tokens": self.prompt_tokens,
+                "reused_tokens": self.reused_tokens,
+                "tokens_known_for": self.known,
+                "reuse": rate(self.reused_tokens, self.prompt_tokens),
+                "by_lora": {lo: self.by_lora[lo] for lo in LORA_STATES},
+                "by_path": {p: self.by_path[p] for p in PATHS},
+                "embedding_tasks": self.embedding_tasks,
+                "by_model": {m: self.by_model[m] for m in models} if models != [""] else {},
+            },
+            "unknown": unknowns,
+            "miss_rate": self.miss_table.result(),
+            "could_have_hit": {
+                "gap_seconds": self.gap_seconds,
+                "excluded": excluded,
+                "considered": self.chh.considered,
+                "miss_rate": self.chh.table.result(),
+            },
+            "miss_causes": self.causes,
+            "restores": self.restores,
+            "prefill_seconds": {p: _percentiles(self.values, "prefill:" + p) for p in RATE_PATHS},
+            "large_prefills": {"min_tokens": self.large_prefill_tokens, "count": self.large},
+            "time_per_output_token_seconds": {
+                "while_another_slot_prefilled": _percentiles(self.values, "tpot:prefill"),
+                "while_a_large_prefill_ran": _percentiles(self.values, "tpot:large"),
+                "no_concurrent_prefill": _percentiles(self.values, "tpot:none"),
+                "large_prefill_tokens": self.large_prefill_tokens,
+                "prefill_size_unknown": self.large_unknown,
+            },
+            "small_task_takeovers": self.takeovers,
+            "top_conversations": self._top(conversations, top),
+        }
+
+    def _unknowns(self, sources: dict[str, Any] | None) -> list[dict[str, Any]]:
+        unknowns = []
+        if not self.total:
+            src = sources or {}
+            unknowns.append(
+                {
+                    "what": "requests",
+                    "requests": 0,
+                    "why": f"no request found in the input ({src.get('log_lines', 0)} log lines read, "
+                    f"{src.get('log_lines_unrecognized', 0)} unrecognized, {src.get('log_lines_unreadable', 0)} "
+                    "not text): is it llama-server's log?",
+                }
+            )
+        for problem in (sources or {}).get("files_not_read_to_the_end", []):
+            unknowns.append(
+                {"what": "input", "requests": 0, "why": f"read up to where it became unreadable: {problem}"}
+            )
+        if self.total and self.lora_known == 0:
+            unknowns.append(
+                {
+                    "what": "LoRA state",
+                    "requests": self.total,
+                    "why": "a log alone does not say which LoRA adapters a request used: pass the exporter's "
+                    "events file (--events), recorded while it polled /slots",
+                }
+            )
+        elif self.lora_known < self.total:
+            unknowns.append(
+                {
+                    "what": "LoRA state",
+                    "requests": self.total - self.lora_known,
+                    "why": "/slots did not show these tasks while they ran (no events record, or a poll missed them)",
+                }
+            )
+        if self.finished and self.diag < self.finished:
+            unknowns.append(
+                {
+                    "what": "RAM-cache diagnostics (restores, discards, miss causes, reused tokens from the log)",
+                    "requests": self.finished - self.diag,
+                    "why": "llama-server logged these requests below -lv 4; start it with -lv 4",
+                }
+            )
+        if self.no_outcome:
+            unknowns.append(
+                {
+                    "what": "cache outcome",
+                    "requests": self.no_outcome,
+                    "why": "reused tokens unknown (below -lv 4 they come only from /slots while the task runs)",
+                }
+            )
+        return unknowns
+
+    def _top(self, conversations: list[dict] | None, top: int) -> dict[str, Any]:
+        if conversations is not None:  # the pipeline's own costs: read from the log
+            return {"by": "cost_to_others_seconds", "rows": conversations[:top]}
+        ranked = sorted(self.conversations.values(), key=lambda x: (-x["prefill_seconds"], x["conversation"]))
+        return {
+            "by": "prefill_seconds",
+            "note": "cost to other slots needs the log (the events file does not carry it)",
+            "rows": ranked[:top],
+        }
+
+
 def build(
     records: list[RequestRecord],
     *,
@@ -145,160 +409,16 @@ def build(
     sources: dict[str, Any] | None = None,
     history: list[RequestRecord] | None = None,
 ) -> dict[str, Any]:
-    """The whole report from the records (and, when the log was read, the pipeline's
-    conversation costs)."""
-    # embedding and rerank tasks are no completion requests: counted apart, as the exporter does
-    embedding_tasks = sum(1 for r in records if r.kind != "completion")
-    records = [r for r in records if r.kind == "completion"]
-    models = sorted({r.model or "" for r in records})
-    # the live exporter's rules, so that analyze and the exporter count alike: a request without
-    # a timings block is cancelled; tokens count where both prompt and reused are known
-    finished = [r for r in records if not ((r.cancelled or r.failed) and r.generated_tokens is None)]
-    known = [r for r in records if r.prompt_tokens is not None and r.reused_tokens is not None]
-    lora_known = sum(1 for r in records if r.lora in ("none", "active"))
-    diag = sum(1 for r in finished if r.reuse_source == "log")
-    unknowns = []
-    if not records:
-        src = sources or {}
-        unknowns.append(
-            {
-                "what": "requests",
-                "requests": 0,
-                "why": f"no request found in the input ({src.get('log_lines', 0)} log lines read, "
-                f"{src.get('log_lines_unrecognized', 0)} unrecognized, {src.get('log_lines_unreadable', 0)} not text): "
-                "is it llama-server's log?",
-            }
-        )
-    for problem in (sources or {}).get("files_not_read_to_the_end", []):
-        unknowns.append({"what": "input", "requests": 0, "why": f"read up to where it became unreadable: {problem}"})
-    if records and lora_known == 0:
-        unknowns.append(
-            {
-                "what": "LoRA state",
-                "requests": len(records),
-                "why": "a log alone does not say which LoRA adapters a request used: pass the exporter's "
-                "events file (--events), recorded while it polled /slots",
-            }
-        )
-    elif lora_known < len(records):
-        unknowns.append(
-            {
-                "what": "LoRA state",
-                "requests": len(records) - lora_known,
-                "why": "/slots did not show these tasks while they ran (no events record, or a poll missed them)",
-            }
-        )
-    if finished and diag < len(finished):
-        unknowns.append(
-            {
-                "what": "RAM-cache diagnostics (restores, discards, miss causes, reused tokens from the log)",
-                "requests": len(finished) - diag,
-                "why": "llama-server logged these requests below -lv 4; start it with -lv 4",
-            }
-        )
-    no_outcome = sum(1 for r in finished if r.outcome is None and r.reused_tokens is None)
-    if no_outcome:
-        unknowns.append(
-            {
-                "what": "cache outcome",
-                "requests": no_outcome,
-                "why": "reused tokens unknown (below -lv 4 they come only from /slots while the task runs)",
-            }
-        )
-
-    misses = [r for r in records if r.outcome == "miss"]
-    causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
-    for r in misses:
-        c = r.miss_cause or "unknown"
-        for lo in (r.lora, "all"):
-            causes[lo][c] = causes[lo].get(c, 0) + 1
-    restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
+    """The whole report from the records in memory (and, when the log was read, the pipeline's
+    conversation costs). history: all the records, when `records` is a time window of them (a
+    conversation may begin before it); analyze streams them from its store instead."""
+    builder = ReportBuilder(gap_seconds, large_prefill_tokens, ValueLists())
     for r in records:
-        res = r.restore_result
-        if res:
-            for lo in (r.lora, "all"):
-                restores[lo][res] = restores[lo].get(res, 0) + 1
-
-    chh, excluded = could_have_hit(records, gap_seconds, history)
-    prefill: defaultdict[str, list[float]] = defaultdict(list)
-    for r in records:
-        if r.prefill_seconds is not None:
-            prefill[r.path].append(r.prefill_seconds)
-            prefill["all"].append(r.prefill_seconds)
-    tpot: dict[str, list[float]] = {"prefill": [], "none": [], "large": []}
-    large_unknown = 0
-    for r in records:
-        v, cont = r.time_per_output_token_seconds, r.contention
-        if v is None or cont not in ("prefill", "none"):  # an events file of another version may say more
-            continue
-        tpot[cont].append(v)
-        if cont == "prefill":
-            size = r.overlapping_prefill_tokens
-            if size is None:
-                large_unknown += 1
-            elif size >= large_prefill_tokens:
-                tpot["large"].append(v)
-    large = [r for r in records if (r.prefill_tokens or 0) >= large_prefill_tokens]
-
-    report: dict[str, Any] = {
-        "sources": sources or {},
-        "requests": {
-            "total": len(records),
-            "finished": len(finished),
-            "cancelled_or_failed": len(records) - len(finished),
-            "server_runs": len({r.epoch for r in records}),
-            "prompt_tokens": sum(r.prompt_tokens or 0 for r in known),
-            "reused_tokens": sum(r.reused_tokens or 0 for r in known),
-            "tokens_known_for": len(known),
-            "reuse": rate(sum(r.reused_tokens or 0 for r in known), sum(r.prompt_tokens or 0 for r in known)),
-            "by_lora": {lo: sum(1 for r in records if r.lora == lo) for lo in LORA_STATES},
-            "by_path": {p: sum(1 for r in records if r.path == p) for p in PATHS},
-            "embedding_tasks": embedding_tasks,
-            "by_model": {m: sum(1 for r in records if (r.model or "") == m) for m in models} if models != [""] else {},
-        },
-        "unknown": unknowns,
-        "miss_rate": _miss_table(records),
-        "could_have_hit": {
-            "gap_seconds": gap_seconds,
-            "excluded": excluded,
-            "considered": len(chh),
-            "miss_rate": _miss_table(chh),
-        },
-        "miss_causes": causes,
-        "restores": restores,
-        "prefill_seconds": {p: percentiles(prefill[p]) for p in RATE_PATHS},
-        "large_prefills": {"min_tokens": large_prefill_tokens, "count": len(large)},
-        "time_per_output_token_seconds": {
-            "while_another_slot_prefilled": percentiles(tpot["prefill"]),
-            "while_a_large_prefill_ran": percentiles(tpot["large"]),
-            "no_concurrent_prefill": percentiles(tpot["none"]),
-            "large_prefill_tokens": large_prefill_tokens,
-            "prefill_size_unknown": large_unknown,
-        },
-        "small_task_takeovers": sum(1 for r in records if r.small_task_takeover),
-        "top_conversations": _top(records, conversations, top),
-    }
-    return report
-
-
-def _top(records: list[RequestRecord], conversations: list[dict] | None, top: int) -> dict[str, Any]:
-    if conversations is not None:  # the pipeline's own costs: read from the log
-        return {"by": "cost_to_others_seconds", "rows": conversations[:top]}
-    rows: dict[str, dict[str, Any]] = {}
-    for r in records:  # an events file alone: what each conversation computed, no cost
-        conv = r.conversation
-        if conv is None:
-            continue
-        row = rows.setdefault(conv, {"conversation": conv, "requests": 0, "prompt_tokens": 0, "prefill_seconds": 0.0})
-        row["requests"] += 1
-        row["prompt_tokens"] += r.prompt_tokens or 0
-        row["prefill_seconds"] += r.prefill_seconds or 0.0
-    ranked = sorted(rows.values(), key=lambda x: (-x["prefill_seconds"], x["conversation"]))
-    return {
-        "by": "prefill_seconds",
-        "note": "cost to other slots needs the log (the events file does not carry it)",
-        "rows": ranked[:top],
-    }
+        builder.count(r)
+    wanted = {id(r) for r in records}
+    for r in _start_order(history if history else [r for r in records if r.kind == "completion"]):
+        builder.follow(r, id(r) in wanted)
+    return builder.result(conversations, top, sources)
 
 
 # ------------------------------------------------------------------ renderings
