@@ -13,9 +13,10 @@ fi
 cd "$ROOT"
 echo "== machine"; nproc; grep -m1 "model name" /proc/cpuinfo || true; .venv/bin/python --version; mtail --version 2>&1 | head -1
 echo "== throughput next to mtail (one million lines)"; .venv/bin/python benchmarks/throughput_vs_mtail.py
-echo "== where a line's time goes, next to four times mtail"; .venv/bin/python benchmarks/hot_path_budget.py --compiled
+echo "== where a line's time goes, next to twice mtail"; .venv/bin/python benchmarks/hot_path_budget.py --compiled
 echo "== the live exporter: memory, scrape cost, freshness"; .venv/bin/python benchmarks/live_exporter.py
 echo "== overhead on a real llama-server, with and without the exporter"; .venv/bin/python benchmarks/server_overhead.py
 echo "== headroom against the fastest llama-server here"; .venv/bin/python benchmarks/server_log_rate.py
+echo "== analyze's memory over ten million lines and over a rotated set"; .venv/bin/python benchmarks/analyze_memory.py
 echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throughput.py
 echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py
