@@ -488,10 +488,13 @@ def test_plot_writes_the_three_charts(tmp_path, capsys):
 
 def test_the_readmes_report_is_what_analyze_prints(capsys):
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    shown = readme.split("A part of the report of a recorded run", 1)[1].split("```\n", 2)[1]
+    blocks = readme.split("A part of the report of a recorded run", 1)[1].split("```\n")
+    found, tables = blocks[1], blocks[3]  # its findings, then a part of its tables
     name = LOGS / "lv4-np2-lora-events"
     assert analyze.main([f"{name}.log", "--events", f"{name}.events.jsonl", "--min-prompt-tokens", "1"]) == 0
-    assert shown in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith(found) and found.count("[critical]") == 2
+    assert tables in out
 
 
 def test_a_large_input_shows_its_progress_on_a_terminal(capsys):

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import csv
 import io
+import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
 from ..records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
+from .findings import findings
 
 SMALL_SAMPLE = 30  # a rate over fewer requests than this is flagged
 RATE_PATHS = ("ram", "slot", "pinned", "unknown", "all")
@@ -230,6 +232,8 @@ class ReportBuilder:
         self.causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
         self.restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
         self.large_unknown = self.large = self.takeovers = 0
+        self.mismatch: Counter = Counter()
+        self._last_takeover: tuple[int, int] | None = None  # (epoch, start_us) of the previous one
         self.conversations: dict[str, dict[str, Any]] = {}  # for an events file alone: what each computed
         self.chh = _CouldHaveHit(gap_seconds)
 
@@ -278,7 +282,14 @@ class ReportBuilder:
                 elif size >= self.large_prefill_tokens:
                     self.values.add("tpot:large", v)
         self.large += (r.prefill_tokens or 0) >= self.large_prefill_tokens
-        self.takeovers += bool(r.small_task_takeover)
+        if r.lora_mismatch_reuse:
+            self.mismatch[r.lora] += 1
+        if r.small_task_takeover:
+            self.takeovers += 1
+            if r.prompt_tokens is not None:
+                self.values.add("takeover:prompt_tokens", r.prompt_tokens)
+            if r.slot_tokens_before is not None:
+                self.values.add("takeover:slot_tokens_before", r.slot_tokens_before)
         conv = r.conversation
         if conv is not None:
             row = self.conversations.setdefault(
@@ -289,7 +300,14 @@ class ReportBuilder:
             row["prefill_seconds"] += r.prefill_seconds or 0.0
 
     def follow(self, r: RequestRecord, in_report: bool) -> None:
-        self.chh.follow(r, in_report and r.kind == "completion")
+        wanted = in_report and r.kind == "completion"
+        self.chh.follow(r, wanted)
+        if wanted and r.small_task_takeover and r.start_us is not None:
+            # the period of small-task takeovers: between one and the next of the same server run
+            last = self._last_takeover
+            if last is not None and last[0] == r.epoch:
+                self.values.add("takeover:interval_seconds", (r.start_us - last[1]) / 1e6)
+            self._last_takeover = (r.epoch, r.start_us)
 
     def result(
         self, conversations: list[dict] | None = None, top: int = 10, sources: dict[str, Any] | None = None
@@ -297,8 +315,9 @@ class ReportBuilder:
         unknowns = self._unknowns(sources)
         excluded = {k: self.chh.excluded[k] for k in EXCLUSIONS}
         models = sorted(self.models)
-        return {
+        rep: dict[str, Any] = {
             "sources": sources or {},
+            "findings": [],
             "requests": {
                 "total": self.total,
                 "finished": self.finished,
@@ -333,8 +352,15 @@ class ReportBuilder:
                 "prefill_size_unknown": self.large_unknown,
             },
             "small_task_takeovers": self.takeovers,
+            "small_task_takeover_details": {
+                k: _percentiles(self.values, "takeover:" + k)
+                for k in ("prompt_tokens", "slot_tokens_before", "interval_seconds")
+            },
+            "lora_mismatch_reuse": {lo: self.mismatch[lo] for lo in LORA_STATES},
             "top_conversations": self._top(conversations, top),
         }
+        rep["findings"] = findings(rep)
+        return rep
 
     def _unknowns(self, sources: dict[str, Any] | None) -> list[dict[str, Any]]:
         unknowns = []
@@ -572,8 +598,36 @@ def _unknown_lines(rep: dict[str, Any]) -> list[str]:
     ]
 
 
+def _evidence(value: Any) -> str:
+    if isinstance(value, dict) and "denominator" in value:
+        return fmt_rate(value)
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    if isinstance(value, list):
+        return ", ".join(" ".join(_evidence(v) for v in x.values()) if isinstance(x, dict) else str(x) for x in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items())
+    return "-" if value is None else str(value)
+
+
+def finding_lines(rep: dict[str, Any]) -> list[str]:
+    """The findings in words: each with its evidence and what to do."""
+    out = []
+    for f in rep.get("findings", []):
+        out.append(f"[{f['severity'].replace('_', ' ')}] {f['summary']}")
+        out.append(
+            "  evidence: " + "; ".join(f"{k.replace('_', ' ')} {_evidence(v)}" for k, v in f["evidence"].items())
+        )
+        out.append(f"  what to do: {f['action']}")
+    return out or ["none: no finding passed its threshold"]
+
+
 def to_text(rep: dict[str, Any]) -> str:
-    lines = []
+    lines = ["Findings", "========"]
+    for line in finding_lines(rep):  # wrapped: a finding is a paragraph
+        indent = "    " if line.startswith("  ") else "  "
+        lines.extend(textwrap.wrap(line, width=100, subsequent_indent=indent, break_on_hyphens=False))
+    lines.append("")
     for title, header, rows, note in _tables(rep):
         lines.append(title)
         lines.append("=" * len(title))
@@ -588,7 +642,10 @@ def to_text(rep: dict[str, Any]) -> str:
 
 
 def to_markdown(rep: dict[str, Any]) -> str:
-    lines = []
+    lines = ["### Findings\n"]
+    for line in finding_lines(rep):
+        lines.append(f"  - {line.strip()}" if line.startswith("  ") else f"- {line}")
+    lines.append("")
     for title, header, rows, note in _tables(rep):
         lines.append(f"### {title}\n")
         lines.append("| " + " | ".join(header) + " |")
@@ -605,6 +662,8 @@ def to_markdown(rep: dict[str, Any]) -> str:
 def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
     """section, path, lora, name, numerator, denominator, value: one row per figure."""
     yield ["section", "path", "lora", "name", "numerator", "denominator", "value"]
+    for f in rep.get("findings", []):
+        yield ["finding", "", "", f["finding"], f["severity"], "", f["summary"]]
     rq = rep["requests"]
     for k in ("total", "finished", "cancelled_or_failed", "server_runs", "prompt_tokens", "reused_tokens"):
         yield ["requests", "", "", k, "", "", rq[k]]
@@ -689,5 +748,6 @@ def comparison_text(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str]
     lines.append("")
     lines.append("* small sample (fewer than 30 requests)")
     for n, rep in zip(names, (a, b), strict=True):
+        lines.extend(f"{n}: [{f['severity'].replace('_', ' ')}] {f['summary']}" for f in rep.get("findings", []))
         lines.extend(f"{n}: {u}" for u in _unknown_lines(rep))
     return "\n".join(lines) + "\n"

@@ -201,7 +201,12 @@ class RecordStore:
         """By server run, then start (log time), then the order they were added: the order the
         report follows conversations in (a stable sort of the added order, as sorted() is)."""
         self._flush()
-        for (body,) in self.db.execute("SELECT body FROM records ORDER BY epoch, COALESCE(start_us, 0), seq"):
+        # only the keys are sorted (SQLite's sorter holds them, not the records), each record
+        # then read by its row id
+        order = self.db.execute("SELECT seq FROM records ORDER BY epoch, COALESCE(start_us, 0), seq")
+        lookup = self.db.cursor()
+        for (seq,) in order:
+            (body,) = lookup.execute("SELECT body FROM records WHERE seq = ?", (seq,)).fetchone()
             yield _decode(body)
 
     def close(self) -> None:
@@ -214,8 +219,9 @@ class StoredValues:
     by SQLite (on disk when large), so their number costs no memory."""
 
     def __init__(self, store: RecordStore) -> None:
+        # v without a declared type: an integer stays one, a float one (as in a list)
         self.db = store.db
-        self.db.execute("CREATE TEMP TABLE IF NOT EXISTS vals (grp TEXT NOT NULL, v REAL NOT NULL)")
+        self.db.execute("CREATE TEMP TABLE IF NOT EXISTS vals (grp TEXT NOT NULL, v NOT NULL)")
         self.db.execute("DELETE FROM vals")
         self._pending: list[tuple[str, float]] = []
 
