@@ -111,6 +111,9 @@ def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path):
     wait_for(lambda: events.exists() and tasks(events), "records")
     events.rename(tmp_path / "events.jsonl.1")  # our own output rotated, then SIGHUP
     exp.proc.send_signal(signal.SIGHUP)
+    # as logrotate's postrotate: records written before the signal is handled go to the renamed
+    # file; the second half is written once the exporter says it has handled it
+    wait_for(lambda: "SIGHUP" in exp.stderr_path.read_text(), "the exporter handling SIGHUP")
     with open(log, "a") as fh:
         fh.writelines(lines[half:])
     wait_for(lambda: events.exists() and tasks(events), "records in the new events file")
