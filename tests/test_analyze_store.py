@@ -42,14 +42,7 @@ def in_memory(result: analyze.Analysis, since: float | None = None, until: float
         history=every,
     )
     if windowed and undated:
-        rep["unknown"].append(
-            {
-                "what": "time",
-                "requests": undated,
-                "why": "left out of the time window: their server run cannot be dated (an events file "
-                "alone, or another run follows it in the same log file)",
-            }
-        )
+        rep["unknown"].append(analyze.undated_unknown(undated))
     return rep
 
 
@@ -148,3 +141,13 @@ def test_stored_percentiles_are_those_of_the_sorted_values():
         assert report._percentiles(stored, "a")["count"] == (3 * BATCH + 17) // 4
     finally:
         store.close()
+
+
+def test_a_temporary_directory_that_cannot_hold_the_records_is_a_clear_message(tmp_path, monkeypatch, capsys):
+    # the store made in a directory that does not exist (as a full or vanished $TMPDIR): a
+    # message and exit status 1, no traceback
+    missing = str(tmp_path / "gone")
+    monkeypatch.setattr(analyze, "RecordStore", lambda: RecordStore(directory=missing))
+    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot keep the records in a temporary file" in err and "TMPDIR" in err

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -385,15 +386,18 @@ def streamed_report(
         sources=dict(result.sources, since=since, until=until) if windowed else result.sources,
     )
     if windowed and undated:
-        rep["unknown"].append(
-            {
-                "what": "time",
-                "requests": undated,
-                "why": "left out of the time window: their server run cannot be dated (an events file "
-                "alone, or another run follows it in the same log file)",
-            }
-        )
+        rep["unknown"].append(undated_unknown(undated))
     return rep
+
+
+def undated_unknown(undated: int) -> dict[str, Any]:
+    """The report's unknown entry for the records a time window had to leave out."""
+    return {
+        "what": "time",
+        "requests": undated,
+        "why": "left out of the time window: their server run cannot be dated (an events file "
+        "alone, or another run follows it in the same log file)",
+    }
 
 
 def parse_time(text: str) -> float:
@@ -541,17 +545,26 @@ def main(argv: list[str]) -> int:
                 events.append(name)
     salt = read_salt(ConversationsConfig())
     settings = AssemblySettings(min_prompt_tokens=opts.min_prompt_tokens)
-    result = analyze(
-        Inputs(args.logs, events),
-        settings,
-        Pseudonymizer(salt),
-        progress=not args.no_progress and sys.stderr.isatty(),
-        history_step=opts.openmetrics_step if args.openmetrics else None,
-    )
     try:
-        return _outputs(args, opts, settings, salt, labels, result)
-    finally:
-        result.close()
+        result = analyze(
+            Inputs(args.logs, events),
+            settings,
+            Pseudonymizer(salt),
+            progress=not args.no_progress and sys.stderr.isatty(),
+            history_step=opts.openmetrics_step if args.openmetrics else None,
+        )
+        try:
+            return _outputs(args, opts, settings, salt, labels, result)
+        finally:
+            result.close()
+    except (sqlite3.Error, OSError) as e:  # the records' scratch file: a full or unwritable $TMPDIR
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(
+            f"llamacpp-exporter analyze: cannot keep the records in a temporary file ({why}): "
+            f"set TMPDIR to a directory with room (about 1 KB a request)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 def _outputs(

@@ -75,6 +75,8 @@ class RecordStore:
             "PRAGMA temp_store=FILE;" + _SCHEMA
         )
         self._pending: list[tuple] = []
+        self._pending_events: list[tuple] = []
+        self._pending_proofs: list[tuple[str, tuple]] = []
         self._events = 0
         self.count = 0
         self.matched_to_events = 0
@@ -120,13 +122,11 @@ class RecordStore:
 
     def add_event(self, rec: RequestRecord) -> None:
         """An events-file record, for the log's records to be matched with (the last one of a
-        task wins)."""
-        with self.db:
-            self.db.execute(
-                "INSERT OR REPLACE INTO events (model, slot, task, start_us, body) VALUES (?, ?, ?, ?, ?)",
-                (*_key(rec), _encode(rec)),
-            )
+        task wins). Written in batches: apply_event_proofs ends them."""
+        self._pending_events.append((*_key(rec), _encode(rec)))
         self._events += 1
+        if len(self._pending_events) >= BATCH:
+            self._flush_side()
 
     def add_proof(self, rec: RequestRecord, conversation: str, source: str) -> None:
         """The pipeline's: a conversation proven after the record of its task went out."""
@@ -134,18 +134,32 @@ class RecordStore:
 
     def add_proof_key(self, key: tuple, conversation: str, source: str, events: bool = False) -> None:
         """A proof by its task's key (model, slot, task, start_us): the log's, or an events
-        file's proof line (the last one of a task wins)."""
-        table = "event_proofs" if events else "proofs"
+        file's proof line (the last one of a task wins). Written in batches."""
+        self._pending_proofs.append(("event_proofs" if events else "proofs", (*key, conversation, source)))
+        if len(self._pending_proofs) >= BATCH:
+            self._flush_side()
+
+    def _flush_side(self) -> None:
+        """The pending events records and proofs, in the order they came (the last one wins)."""
         with self.db:
-            self.db.execute(
-                f"INSERT OR REPLACE INTO {table} (model, slot, task, start_us, conversation, source) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (*key, conversation, source),
-            )
+            if self._pending_events:
+                self.db.executemany(
+                    "INSERT OR REPLACE INTO events (model, slot, task, start_us, body) VALUES (?, ?, ?, ?, ?)",
+                    self._pending_events,
+                )
+            for table, row in self._pending_proofs:
+                self.db.execute(
+                    f"INSERT OR REPLACE INTO {table} (model, slot, task, start_us, conversation, source) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    row,
+                )
+        self._pending_events.clear()
+        self._pending_proofs.clear()
 
     def apply_event_proofs(self, to_records: bool) -> None:
         """The events files' proofs applied to their records: those of the analysis (no log), or
         those that stand for the log's, before any log record meets them."""
+        self._flush_side()
         if to_records:
             self._apply("event_proofs")
             return
@@ -167,6 +181,7 @@ class RecordStore:
 
     def _apply(self, table: str) -> None:
         self._flush()
+        self._flush_side()
         last = -1
         while True:  # a batch at a time: the proven records may be many
             rows = self.db.execute(
