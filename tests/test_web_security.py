@@ -131,6 +131,30 @@ def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secure
         stalled.close()
 
 
+def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured):
+    """TLS clients that send a scrape and close without reading the answer (reset, no
+    close_notify: the server's send raises SSLEOFError or a reset) are the client's doing: the
+    exporter logs no traceback and keeps answering."""
+    import base64
+    import socket
+    import struct
+
+    ca = ssl.create_default_context(cafile=str(secured["ca"]))
+    auth = base64.b64encode(f"prometheus:{PASSWORD}".encode()).decode()
+    request = f"GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Basic {auth}\r\n\r\n".encode()
+    for i in range(60):
+        raw = socket.create_connection(("127.0.0.1", secured["port"]))
+        tls = ca.wrap_socket(raw, server_hostname="127.0.0.1")
+        tls.sendall(request)
+        time.sleep(0.002 * (i % 10))  # before, while and after the server answers
+        tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset on close
+        tls.close()  # without close_notify: Python's close does not unwrap
+    r = httpx.get(secured["url"] + "/metrics", verify=ca, auth=("prometheus", PASSWORD), timeout=5)
+    assert r.status_code == 200
+    stderr = (secured["dir"] / "exporter.stderr").read_text()
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     "doc, message",
     [

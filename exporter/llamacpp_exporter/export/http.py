@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
+from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
 
@@ -107,11 +107,56 @@ class V6ThreadingWSGIServer(ThreadingWSGIServer):
     address_family = socket.AF_INET6
 
 
+class ClientHungUp(ConnectionAbortedError):
+    """The client went away while its answer was being sent."""
+
+
+class _ResponseHandler(ServerHandler):
+    """wsgiref's handler, except that any socket error while sending (a TLS client that closes
+    without close_notify raises SSLEOFError, which wsgiref does not expect) is the client hanging
+    up, not a traceback on stderr; and an error of the exporter's own goes to its log."""
+
+    def _write(self, data: bytes) -> None:
+        try:
+            super()._write(data)
+        except OSError as e:
+            raise ClientHungUp(str(e)) from e  # wsgiref's run() returns quietly on ConnectionAbortedError
+
+    def _flush(self) -> None:
+        try:
+            super()._flush()
+        except OSError as e:
+            raise ClientHungUp(str(e)) from e
+
+    def log_exception(self, exc_info: Any) -> None:
+        environ = getattr(self, "environ", {})  # set by setup_environ(), before the application runs
+        log.error("answering %s failed", environ.get("PATH_INFO", "?")[:200], exc_info=exc_info)
+
+
 class QuietHandler(WSGIRequestHandler):
     timeout = 10  # a client that connects and stalls (or never finishes a TLS handshake) frees its thread
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log
         pass
+
+    def handle(self) -> None:
+        # WSGIRequestHandler.handle, with the handler above
+        self.raw_requestline = self.rfile.readline(65537)
+        if len(self.raw_requestline) > 65536:
+            self.requestline = self.request_version = self.command = ""
+            self.send_error(414)
+            return
+        if not self.parse_request():
+            return
+        handler = _ResponseHandler(
+            self.rfile,
+            self.wfile,  # type: ignore[arg-type]  # a socket's writer, as in WSGIRequestHandler
+            self.get_stderr(),
+            self.get_environ(),
+            multithread=False,
+        )
+        handler.request_handler = self  # type: ignore[attr-defined]  # wsgiref's back-pointer for logging
+        handler.run(self.server.get_app())  # type: ignore[attr-defined]
 
 
 def landing_page(cfg: Config) -> bytes:
