@@ -14,6 +14,7 @@ from typing import Any
 from . import queries as q  # the PromQL blocks the rules use too
 
 THRESHOLDS = q.thresholds()
+LARGER_CACHE_WINDOW = THRESHOLDS["windows"]["summary"]
 WINDOWS = THRESHOLDS["windows"]
 DS = {"type": "prometheus", "uid": "${datasource}"}
 S = 'job=~"$job", instance=~"$instance"'  # every series selector carries these
@@ -1012,6 +1013,24 @@ def prompt_cache() -> dict[str, Any]:
             ],
         ),
         8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Would a larger --cache-ram help?",
+            f"Over the past {LARGER_CACHE_WINDOW}: misses of conversations whose RAM-cache entry had been evicted, and how many of "
+            "them a --cache-ram twice or four times today's would have avoided (it would still have held the "
+            "entry; llama-server evicts the oldest entry first). Two lines close together: a larger cache would "
+            "help. 4x far below the misses: the entries are needed again too late for any cache; keep fewer "
+            "conversations in flight. `analyze` prints the whole curve.",
+            "none",
+            [
+                (q.evicted_misses(S, None, LARGER_CACHE_WINDOW), "evicted misses"),
+                (q.evicted_misses_avoidable(S, None, LARGER_CACHE_WINDOW, "2x"), "avoided by 2x --cache-ram"),
+                (q.evicted_misses_avoidable(S, None, LARGER_CACHE_WINDOW, "4x"), "avoided by 4x --cache-ram"),
+            ],
+        ),
+        24,
         8,
     )
     return dashboard(

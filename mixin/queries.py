@@ -83,6 +83,14 @@ def evicted_miss_share(selector: str, by: str | None, window: str) -> str:
     return f"{evicted_misses(selector, by, window)}\n  / {increase(OUTCOMES, selector, window, by)}"
 
 
+EVICTED_AVOIDABLE = "llamacpp_prompt_cache_evicted_misses_avoidable_total"
+
+
+def evicted_misses_avoidable(selector: str, by: str | None, window: str, cache_ram: str) -> str:
+    """Of those, the ones a --cache-ram `cache_ram` ("2x", "4x") times today's would have avoided."""
+    return increase(EVICTED_AVOIDABLE, selector, window, by, f'cache_ram="{cache_ram}"')
+
+
 def unparsed_lines(selector: str, by: str | None, window: str) -> str:
     return increase(LOG_LINES, selector, window, by, UNPARSED)
 

@@ -96,3 +96,68 @@ def test_the_lookups_candidates_are_named_by_who_computed_them_only_when_the_mir
     assert m.sources([100, 200]) is None  # the server lists other entries: no name is guessed
     m.obsolete_removed(100)  # which of the two 100-token entries went is not known yet
     assert m.sources([200, 100]) is None
+
+
+# --------------------------------------------------------------- a larger cache (invented sequences)
+MIB = 1048576.0
+
+
+def update(m: CacheMirror, limit_mib: float) -> None:
+    """The update's cache-state line and listing, from the mirror's own entries."""
+    m.listing_started(len(m.entries), sum(e.size_bytes for e in m.entries), limit_mib * MIB)
+    for e in list(m.entries):
+        m.listed(e.n_tokens, e.size_bytes)
+    m.close_listing()
+
+
+def push(m: CacheMirror, task: int, mib: float, limit_mib: float) -> None:
+    """A save of `mib` into a cache of `limit_mib`: oldest first out while it does not fit, as
+    server_prompt_cache::alloc does, then the update."""
+    m.save_started(100 + task, (0, task), mib * MIB)
+    while m.entries and sum(e.size_bytes for e in m.entries) + mib * MIB > limit_mib * MIB:
+        m.evicted(making_room=True, size_bytes=m.entries[0].size_bytes)
+    m.commit_save()
+    update(m, limit_mib)
+
+
+def test_an_evicted_entry_needs_itself_and_every_younger_entry_until_it_comes_back():
+    m, _, evicted = mirror()
+    for task in (1, 2, 3):  # 10 MiB each in a 25 MiB cache: the third save evicts the first
+        push(m, task, 10, 25)
+    assert evicted == [(0, 1)]
+    push(m, 4, 10, 25)  # the second goes too; the first would need 40 MiB by now
+    need = m.returned((0, 1))
+    assert need is not None and need.needed_bytes == 40 * MIB and need.limit_bytes == 25 * MIB
+    assert need.entry_tokens == 101
+    assert m.returned((0, 1)) is None  # consumed: one return per eviction
+
+
+def test_a_younger_ghost_whose_conversation_came_back_frees_its_room():
+    m, _, _ = mirror()
+    for task in (1, 2, 3, 4):
+        push(m, task, 10, 25)  # 1 and 2 evicted
+    # 2's conversation came back: in the larger cache it would have restored (and erased) 2
+    assert m.returned((0, 2)).needed_bytes == 30 * MIB  # 2, 3 and 4
+    push(m, 5, 10, 25)  # 3 evicted: 1 needs itself, 3, 4 and 5, no longer 2
+    assert m.returned((0, 1)).needed_bytes == 40 * MIB
+
+
+def test_a_restore_after_the_push_still_counts_at_the_push():
+    m, _, _ = mirror()
+    push(m, 1, 10, 25)
+    push(m, 2, 10, 25)
+    m.save_started(103, (0, 3), 10 * MIB)
+    m.evicted(making_room=True, size_bytes=10 * MIB)  # entry 1 out
+    m.commit_save()
+    assert m.restored([102, 103], 0) == (0, 2)  # then the lookup restores entry 2
+    update(m, 25)  # the listing shows 3 alone: at the push 2 and 3 were both held
+    assert m.returned((0, 1)).needed_bytes == 30 * MIB
+
+
+def test_entries_beyond_four_times_the_limit_are_known_to_need_more():
+    m, _, _ = mirror()
+    for task in range(1, 12):
+        push(m, task, 10, 25)
+    assert all(g.needed_bytes <= 100 * MIB for g in m.ghosts)
+    need = m.returned((0, 1))  # dropped from the ghosts, remembered as beyond the curve
+    assert need is not None and need.needed_bytes > 4 * 25 * MIB

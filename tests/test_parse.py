@@ -35,8 +35,8 @@ CASES = [
     ("looking for better prompt, base f_keep = 0.036", None),
     ("prompt with length     255, lcp", None),
     ("found better prompt", None),
-    ("cache state: 1 prompts, 10.265 MiB", p.CacheState(1, 10.265, 512.0)),
-    ("   - prompt 0x5593369e7000:     255 tokens", p.CacheEntryListed("0x5593369e7000", 255, 10.265)),
+    ("cache state: 1 prompts, 10.265 MiB", p.CacheState(1, 10.265, 512.0, 16384, 16384)),
+    ("   - prompt 0x5593369e7000:     255 tokens", p.CacheEntryListed("0x5593369e7000", 255, 10.265, 2)),
     ("prompt cache update took 4.13 ms", p.CacheUpdateTook(4.13)),
     ("clearing cache for lora change. 0 loras -> 1 loras", p.LoraCacheCleared(1, 0, 1)),
     ("task 0 | processing task, is_child = 0", p.TaskLaunched(1, 0, False)),
@@ -63,6 +63,18 @@ def test_real_line_kinds(fragment, expected):
         assert not isinstance(parsed.event, (p.Ignored, p.Unrecognized)), line
     else:
         assert parsed.event == expected, line
+
+
+def test_evictions_say_which_limit_made_them():
+    making_room = p.parse_line(real_line("making room for prompt cache entry", "lv4-np1-cache-thrashing.log"))
+    assert making_room.event == p.CacheEvicted(33.169, True, False)
+    # invented from server_prompt_cache::update's format string: no recorded log has a cache
+    # without a byte limit that filled its token limit
+    line = (
+        "0.10.000.000 W srv        update:  - cache token limit (4096, est: 4096) reached, removing oldest entry "
+        "(size = 12.500 MiB)"
+    )
+    assert p.parse_line(line).event == p.CacheEvicted(12.5, False, True)
 
 
 def test_candidate_and_restore_keep_printed_values():

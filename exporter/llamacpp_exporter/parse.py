@@ -135,7 +135,12 @@ class CacheRestored:
 class CacheState:
     n_prompts: int
     size_mib: float
-    limit_mib: float
+    limit_mib: float  # --cache-ram; 0: no byte limit (-1)
+    # the token limit (the context size) and the one in force: with a byte limit the server
+    # raises it to limit / bytes per token (server_prompt_cache::update), so only a cache
+    # without a byte limit evicts by tokens. None on a line without them.
+    limit_tokens: int | None = None
+    limit_tokens_in_force: int | None = None
 
 
 @dataclass(slots=True)
@@ -143,6 +148,7 @@ class CacheEntryListed:
     entry_id: str  # the entry's address as printed, e.g. 0x5593369e7000
     n_tokens: int
     size_mib: float
+    checkpoints: int = 0  # context checkpoints (SWA, hybrid models) stored with the entry
 
 
 @dataclass(slots=True)
@@ -154,6 +160,7 @@ class CacheUpdateTook:
 class CacheEvicted:
     size_mib: float
     making_room: bool  # evicted by a save to make room for it, before the new entry is pushed
+    by_token_limit: bool = False  # "cache token limit ... reached": the byte limit was not the cause
 
 
 @dataclass(slots=True)
@@ -470,8 +477,12 @@ _RE_SAVE = re.compile(r" - saving prompt with length (\d+), total state size = "
 _RE_LOOKUP = re.compile(r" - looking for better prompt, base f_keep = " + _FLOAT + ", f_sim = " + _FLOAT)
 _RE_CANDIDATE = re.compile(r"   - prompt with length +(\d+), lcp = +(-?\d+), f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
 _RE_FOUND = re.compile(r" - found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
-_RE_STATE = re.compile(r" - cache state: (\d+) prompts, " + _FLOAT + r" MiB \(limits: " + _FLOAT + " MiB")
-_RE_ENTRY = re.compile(r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +\d+, +" + _FLOAT + " MiB")
+_RE_STATE = re.compile(
+    r" - cache state: (\d+) prompts, " + _FLOAT + r" MiB \(limits: " + _FLOAT + r" MiB(?:, (\d+) tokens, (\d+) est)?"
+)
+_RE_ENTRY = re.compile(
+    r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +(\d+), +" + _FLOAT + " MiB"
+)
 _RE_TOOK = re.compile(r"prompt cache update took " + _FLOAT + " ms")
 _RE_EVICT = re.compile(r"removing oldest entry \(size = " + _FLOAT + r" MiB\)")
 _RE_OBSOLETE = re.compile(r" - removing obsolete cached prompt with length (\d+)")
@@ -606,11 +617,18 @@ def _srv_event(func: str, msg: str) -> Event:
         elif msg.startswith("   - prompt "):
             m = _RE_ENTRY.match(msg)
             if m:
-                return CacheEntryListed(m.group(1), int(m.group(2)), float(m.group(3)))
+                return CacheEntryListed(m.group(1), int(m.group(2)), float(m.group(4)), int(m.group(3)))
         elif msg.startswith(" - cache state"):
             m = _RE_STATE.match(msg)
             if m:
-                return CacheState(int(m.group(1)), float(m.group(2)), float(m.group(3)))
+                tokens, est = m.group(4), m.group(5)
+                return CacheState(
+                    int(m.group(1)),
+                    float(m.group(2)),
+                    float(m.group(3)),
+                    int(tokens) if tokens else None,
+                    int(est) if est else None,
+                )
         elif msg.startswith(" - saving prompt"):
             m = _RE_SAVE.match(msg)
             if m:
@@ -626,7 +644,7 @@ def _srv_event(func: str, msg: str) -> Event:
         elif "removing oldest entry" in msg:
             m = _RE_EVICT.search(msg)
             if m:
-                return CacheEvicted(float(m.group(1)), "making room" in msg)
+                return CacheEvicted(float(m.group(1)), "making room" in msg, "token limit" in msg)
         elif msg.startswith(" - prompt is already in the cache"):
             return PromptSaveSkipped("already_cached")
         elif msg.startswith(" - prompt state size"):

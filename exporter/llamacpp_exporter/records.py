@@ -38,6 +38,32 @@ MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
 _SELECTION_PATH: dict[str, SelectionPath] = {"lcp": "slot", "lru": "ram", "id": "pinned"}
 
 
+# Larger caches the capacity figures are given for, as multiples of the --cache-ram in force
+LARGER_CACHE_FACTORS = (1.25, 1.5, 2.0, 3.0, 4.0)
+
+
+def evicted_miss(rec: RequestRecord) -> bool:
+    """A miss of a conversation whose RAM-cache entry had been evicted before it came back."""
+    return rec.outcome == "miss" and rec.miss_cause == "evicted"
+
+
+def kept_by_larger_cache(rec: RequestRecord, factor: float) -> bool | None:
+    """Would a --cache-ram `factor` times the one in force have kept the entry this evicted
+    miss needed? None when the log cannot tell (no byte limit, the entry not followed)."""
+    need, limit = rec.cache_size_needed_bytes, rec.cache_limit_bytes
+    if need is None or not limit:
+        return None
+    return need <= factor * limit
+
+
+def avoidable_prefill_seconds(rec: RequestRecord) -> float:
+    """The prefill a restore of the evicted entry would have saved: the share of the prompt
+    the entry held (it held the conversation up to its previous turn)."""
+    if not rec.prefill_seconds or not rec.prompt_tokens or rec.evicted_entry_tokens is None:
+        return 0.0
+    return rec.prefill_seconds * min(1.0, rec.evicted_entry_tokens / rec.prompt_tokens)
+
+
 def selection_path(method: str | None) -> SelectionPath:
     return _SELECTION_PATH.get(method or "", "unknown")
 
@@ -76,6 +102,15 @@ class RequestRecord:
     forced_reprocess: bool = False
     outcome: Outcome | None = None
     miss_cause: MissCause | None = None
+    # the conversation came back after its RAM-cache entry was evicted: the smallest --cache-ram
+    # that would have kept the entry (llama-server evicts the oldest first; at least this much
+    # when above 4x the limit), the limit in force, the entry's tokens and context checkpoints
+    # (with checkpoints the size is a floor). None otherwise or when the log cannot tell (see
+    # assemble/cachemirror.py)
+    cache_size_needed_bytes: float | None = None
+    cache_limit_bytes: float | None = None
+    evicted_entry_tokens: int | None = None
+    evicted_entry_checkpoints: int | None = None
     small_task_takeover: bool = False
     prefill_seconds: float | None = None
     prefill_tokens: int | None = None

@@ -110,6 +110,7 @@ class Assembler:
             self.sink, self.attribution.entry_evicted, lambda: self.server.set_diagnostics(True)
         )
         self.prefills = self.finisher.prefills = PrefillTimeline()
+        self.finisher.eviction_need = self.cache.mirror.returned
         self.clock.last_ts = None
         self._epoch_lines = 0
         self.attribution.new_epoch(self.epoch, len(self.server.known_slots) or None)

@@ -61,7 +61,7 @@ class Attribution:
         self._lineage_parent: OrderedDict[TaskKey, TaskKey | None] = OrderedDict()
         # conversation -> server time its RAM-cache entry was evicted (pushed out to make room),
         # until its next request: a miss then is thrashing, not a full cache doing its job
-        self._evicted: OrderedDict[str, int] = OrderedDict()
+        self._evicted: OrderedDict[str, tuple[int, TaskKey]] = OrderedDict()
         self._evicted_unresolved: list[tuple[TaskKey, int]] = []
         self.join = HeaderJoin()
         self._dropped_seen = 0
@@ -222,23 +222,24 @@ class Attribution:
                     still.append((source, at))
                 continue
             if conv[0] is not None and conv[1] == "header":
-                self._evicted[conv[0]] = at
+                self._evicted[conv[0]] = (at, source)
                 self._evicted.move_to_end(conv[0])
                 if len(self._evicted) > MAX_EVICTED:
                     self._evicted.popitem(last=False)
         self._evicted_unresolved = still
 
-    def came_back_after_eviction(self, conversation: str, start_us: int) -> bool:
-        """The conversation's RAM-cache entry was evicted before this request of it started
-        (consumed: one return per eviction). Only a conversation id proves the two belong
-        together; without one a miss stays no_cache_entry (evicted or never saved)."""
+    def came_back_after_eviction(self, conversation: str, start_us: int) -> TaskKey | None:
+        """The conversation's RAM-cache entry was evicted before this request of it started:
+        the task that computed the entry (consumed: one return per eviction), else None. Only
+        a conversation id proves the two belong together; without one a miss stays
+        no_cache_entry (evicted or never saved)."""
         if self._evicted_unresolved:
             self._resolve_evicted()
-        at = self._evicted.get(conversation)
-        if at is None or at >= start_us:
-            return False
+        evicted = self._evicted.get(conversation)
+        if evicted is None or evicted[0] >= start_us:
+            return None
         del self._evicted[conversation]
-        return True
+        return evicted[1]
 
     def charge(self, overlaps: Iterable[tuple[int, int, int]]) -> str | None:
         """Charge each prefilling conversation its share of another request's decoding,

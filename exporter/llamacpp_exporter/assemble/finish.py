@@ -16,6 +16,7 @@ from ..config import CacheConfig, Config, ContentionConfig, TakeoverConfig
 from ..records import FACTS_FROM_DRAFT, Contention, RequestRecord, TaskDraft
 from . import classify, lora
 from .attribution import JOIN_WAIT_US, Attribution
+from .cachemirror import EvictionNeed, Source
 from .lora import LoraTracker
 from .timeline import PrefillTimeline, union_us
 
@@ -64,6 +65,8 @@ class Finisher:
         self.slots_polled = slots_polled
         self.pending: list[TaskDraft] = []
         self.prefills = PrefillTimeline()  # the current epoch's, set by the assembler
+        # what a larger RAM cache needed to keep an evicted entry: the current epoch's mirror's
+        self.eviction_need: Callable[[Source], EvictionNeed | None] = lambda source: None
         self.snapshot_seq = 0  # /slots snapshots seen
         self.next_deadline = 1 << 62  # the earliest log time a waiting record stops waiting for the join
         self.model = ""  # a router's child: the model it serves
@@ -161,9 +164,13 @@ class Finisher:
         offered = classify.offered_tokens(d.offered_tokens, d.offered_f_sim, d.prompt_tokens)
         wasted = max(0, offered - d.reused_tokens) if offered is not None and d.reused_tokens is not None else None
         # consumed at the conversation's first return after its entry's eviction, whatever came of it
-        evicted = (
-            conv is not None and conv_source == "header" and self.attribution.came_back_after_eviction(conv, d.start_us)
+        evicted_source = (
+            self.attribution.came_back_after_eviction(conv, d.start_us)
+            if conv is not None and conv_source == "header"
+            else None
         )
+        evicted = evicted_source is not None
+        need = self.eviction_need(evicted_source) if evicted_source is not None else None
         outcome = miss_cause = None
         takeover = False
         if d.prompt_tokens and d.reused_tokens is not None and d.kind == "completion" and not d.ram_unused:
@@ -207,6 +214,10 @@ class Finisher:
             lora_mismatch_reuse=mismatch,
             outcome=outcome,
             miss_cause=miss_cause,
+            cache_size_needed_bytes=need.needed_bytes if need else None,
+            cache_limit_bytes=need.limit_bytes if need else None,
+            evicted_entry_tokens=need.entry_tokens if need else None,
+            evicted_entry_checkpoints=need.checkpoints if need else None,
             small_task_takeover=takeover,
             overlap_seconds=overlap,
             contention=contention,

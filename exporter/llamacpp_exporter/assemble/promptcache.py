@@ -126,7 +126,7 @@ class PromptCacheLog:
         self.on_diagnostics()
 
     def prompt_saved(self, ev: p.PromptSaved) -> None:
-        self.mirror.save_started(ev.n_tokens, self.source)
+        self.mirror.save_started(ev.n_tokens, self.source, ev.size_mib * MIB)
         sel = self.selection
         if sel is not None and sel.slot_tokens_before is None:
             sel.slot_tokens_before = ev.n_tokens
@@ -168,17 +168,17 @@ class PromptCacheLog:
     def state(self, ev: p.CacheState) -> None:
         self._resolve_candidates()
         self.sink.cache_state(ev.n_prompts, ev.size_mib * MIB, ev.limit_mib * MIB)
-        self.mirror.listing_started(ev.n_prompts)
+        self.mirror.listing_started(ev.n_prompts, ev.size_mib * MIB, ev.limit_mib * MIB)
 
     def entry_listed(self, ev: p.CacheEntryListed) -> None:
-        self.mirror.listed(ev.n_tokens)
+        self.mirror.listed(ev.n_tokens, ev.size_mib * MIB, ev.checkpoints)
 
     def update_took(self, ev: p.CacheUpdateTook) -> None:
         self.sink.cache_update_duration(ev.ms / 1000.0)
 
     def evicted(self, ev: p.CacheEvicted) -> None:
         self._resolve_candidates()
-        self.mirror.evicted(ev.making_room)
+        self.mirror.evicted(ev.making_room, ev.size_mib * MIB)
         self.sink.cache_evicted(ev.size_mib * MIB)
 
     def obsolete_removed(self, ev: p.ObsoleteEntryRemoved) -> None:

@@ -20,8 +20,21 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
-from ..records import CONTENTION, LORA_STATES, MISS_CAUSES, OUTCOMES, PATHS, RESTORE_RESULTS, RequestRecord
+from ..records import (
+    CONTENTION,
+    LORA_STATES,
+    MISS_CAUSES,
+    OUTCOMES,
+    PATHS,
+    RESTORE_RESULTS,
+    RequestRecord,
+    avoidable_prefill_seconds,
+    kept_by_larger_cache,
+)
 from .exposition import Encoding, RenderedChildren, render_families
+
+# the larger caches the live capacity figures are for (analyze gives the whole curve)
+LARGER_CACHE_LABELS = {"2x": 2.0, "4x": 4.0}
 
 PREFILL_SECONDS_BUCKETS = (
     0.005,
@@ -167,6 +180,24 @@ class RequestMetrics(Collector):
             "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), evicted (the conversation's RAM-cache entry was evicted before it came back), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
             [*pl, "cause"],
         )
+        self.evicted_avoidable = _CounterValues(
+            "llamacpp_prompt_cache_evicted_misses_avoidable",
+            'Misses of conversations whose RAM-cache entry had been evicted (misses_total{cause="evicted"}) that '
+            "a --cache-ram this many times the one in force would have avoided: it would still have held the entry "
+            "(llama-server evicts the oldest entry first).",
+            ["model", "cache_ram"],
+        )
+        self.evicted_avoidable_seconds = _CounterValues(
+            "llamacpp_prompt_cache_evicted_prefill_avoidable_seconds",
+            "Prefill seconds of those misses a restore of the entry would have saved, by the same larger --cache-ram.",
+            ["model", "cache_ram"],
+        )
+        self.evicted_size_unknown = _CounterValues(
+            "llamacpp_prompt_cache_evicted_misses_size_unknown",
+            "Misses of conversations whose RAM-cache entry had been evicted, for which the log cannot tell the "
+            "cache size that would have kept it (the entry not followed from its eviction, or no byte limit).",
+            ["model"],
+        )
         self.restores = _CounterValues(
             "llamacpp_prompt_cache_restores",
             "RAM prompt-cache entries restored into a slot, by what became of them. discarded_lora_wrongful: "
@@ -265,6 +296,9 @@ class RequestMetrics(Collector):
             self.reused_tokens,
             self.outcomes,
             self.misses,
+            self.evicted_avoidable,
+            self.evicted_avoidable_seconds,
+            self.evicted_size_unknown,
             self.restores,
             self.mismatch,
             self.prefill_seconds,
@@ -308,8 +342,18 @@ class RequestMetrics(Collector):
                 self.restores.add((model, lora, res), 0.0)
         for cont in CONTENTION:
             self.tpot.child((model, cont))
-        for m in (self.takeovers, self.choices, self.embedding_tasks, self.embedding_tokens, self.latency_unknown):
+        for m in (
+            self.takeovers,
+            self.choices,
+            self.embedding_tasks,
+            self.embedding_tokens,
+            self.latency_unknown,
+            self.evicted_size_unknown,
+        ):
             m.add((model,), 0.0)
+        for label in LARGER_CACHE_LABELS:
+            self.evicted_avoidable.add((model, label), 0.0)
+            self.evicted_avoidable_seconds.add((model, label), 0.0)
         for h in (self.queue, self.ttft, self.e2e):
             h.child((model,))
         for src in ("header", "lineage", "uncertain", "none"):
@@ -380,6 +424,8 @@ class RequestMetrics(Collector):
             self.outcomes.add((*key, rec.outcome))
         if rec.outcome == "miss" and rec.miss_cause is not None:
             self.misses.add((*key, rec.miss_cause))
+            if rec.miss_cause == "evicted":
+                self._larger_cache(rec)
         if rec.restore_result is not None:
             self.restores.add((model, lora, rec.restore_result))
         if rec.lora_mismatch_reuse:
@@ -394,6 +440,16 @@ class RequestMetrics(Collector):
             self.tpot.observe((model, rec.contention), rec.time_per_output_token_seconds, exemplar)
         if rec.overlap_seconds and rec.slot in self._slots.get(model, ()):
             self.overlap.add((model, str(rec.slot)), rec.overlap_seconds)
+
+    def _larger_cache(self, rec: RequestRecord) -> None:
+        if kept_by_larger_cache(rec, 1.0) is None:
+            self.evicted_size_unknown.add((rec.model,))
+            return
+        saved = avoidable_prefill_seconds(rec)
+        for label, factor in LARGER_CACHE_LABELS.items():
+            if kept_by_larger_cache(rec, factor):
+                self.evicted_avoidable.add((rec.model, label))
+                self.evicted_avoidable_seconds.add((rec.model, label), saved)
 
     def _latency(self, rec: RequestRecord, exemplar: dict[str, str]) -> None:
         key = (rec.model,)

@@ -26,6 +26,8 @@ class Thresholds:
     evicted_share: float = 0.10
     # misses with a known cause, none of them evicted: enough to say a bigger cache would not help
     misses_without_eviction: int = 20
+    # the larger cache to recommend: the smallest that would have avoided this share of them
+    larger_cache_share: float = 0.8
     # small requests that took a big conversation's slot
     small_task_takeovers: int = 3
     # decoding with and without another slot's prefill (a large one where there were): requests
@@ -112,17 +114,17 @@ def _capacity(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     misses = sum(causes.values())
     evicted = causes.get("evicted", 0)
     known = misses - causes.get("unknown", 0)
-    evidence = {"evicted_misses": evicted, "misses": misses, "misses_with_known_cause": known}
+    evidence: dict[str, Any] = {"evicted_misses": evicted, "misses": misses, "misses_with_known_cause": known}
     if evicted >= t.evicted_misses and evicted >= t.evicted_share * misses:
+        curve, action = _larger_cache(rep.get("cache_size_curve"), t, evidence)
         return [
             _finding(
                 "cache_too_small",
                 "warning",
                 f"{evicted} of {misses} misses ({100 * evicted / misses:.0f}%) were of conversations whose RAM-cache "
-                "entry had been evicted before they came back: the cache is too small for this traffic.",
+                f"entry had been evicted before they came back: the cache is too small for this traffic.{curve}",
                 evidence,
-                "Raise --cache-ram (llamacpp_prompt_cache_limit_bytes shows today's limit), or keep fewer "
-                "conversations in flight.",
+                action,
             )
         ]
     if evicted:
@@ -150,6 +152,39 @@ def _capacity(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
             )
         ]
     return []
+
+
+def _larger_cache(cc: dict[str, Any] | None, t: Thresholds, evidence: dict[str, Any]) -> tuple[str, str]:
+    """What the cache-size curve adds to cache_too_small: the sentence, and the action."""
+    default = (
+        "",
+        "Raise --cache-ram (llamacpp_prompt_cache_limit_bytes shows today's limit), or keep fewer "
+        "conversations in flight.",
+    )
+    if not cc or not cc["evicted_misses"]:
+        return default
+    n = cc["evicted_misses"]
+    points = {f"{pt['factor']:g}x": pt for pt in cc["points"]}
+    for name in ("2x", "4x"):
+        if name in points:
+            evidence[f"avoided_at_{name}"] = points[name]["misses_avoided"]
+            evidence[f"prefill_seconds_avoided_at_{name}"] = points[name]["prefill_seconds_avoided"]
+    enough = next((pt for pt in cc["points"] if pt["misses_avoided"] >= t.larger_cache_share * n), None)
+    if enough is None:
+        top = cc["points"][-1]
+        return (
+            f" Even {top['factor']:g} times the cache would have kept only {top['misses_avoided']} of these entries: "
+            "each was needed again after more had been saved than a larger cache holds.",
+            "A larger --cache-ram barely helps: keep fewer conversations in flight, or give long conversations "
+            "their own slot (id_slot) so that their state stays on the slot.",
+        )
+    size = f" ({enough['cache_ram_mib']} MiB)" if enough["cache_ram_mib"] is not None else ""
+    return (
+        f" A --cache-ram {enough['factor']:g} times today's{size} would have kept {enough['misses_avoided']} of these "
+        f"{n} entries, {enough['prefill_seconds_avoided']:.1f} s of prefill.",
+        f"Raise --cache-ram to {enough['factor']:g} times today's{size} if the host has the memory "
+        "(llamacpp_prompt_cache_limit_bytes shows today's limit), or keep fewer conversations in flight.",
+    )
 
 
 def _takeovers(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:

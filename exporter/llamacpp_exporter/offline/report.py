@@ -16,7 +16,17 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from ..records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
+from ..records import (
+    LARGER_CACHE_FACTORS,
+    LORA_STATES,
+    MISS_CAUSES,
+    PATHS,
+    RESTORE_RESULTS,
+    RequestRecord,
+    avoidable_prefill_seconds,
+    evicted_miss,
+    kept_by_larger_cache,
+)
 from .findings import findings
 
 SMALL_SAMPLE = 30  # a rate over fewer requests than this is flagged
@@ -172,6 +182,59 @@ def _prefix_changed(r: RequestRecord, prev: RequestRecord) -> bool:
     )
 
 
+class _CacheSizeCurve:
+    """Would a larger --cache-ram have helped: of the evicted misses, those whose entry a cache
+    of each larger size would still have held, and the prefill seconds they cost."""
+
+    def __init__(self) -> None:
+        self.evicted = self.unknown = self.no_byte_limit = self.with_checkpoints = 0
+        self.limits: set[float] = set()
+        self.avoided = {f: 0 for f in LARGER_CACHE_FACTORS}
+        self.seconds = {f: 0.0 for f in LARGER_CACHE_FACTORS}
+        self.prefill_seconds = 0.0
+
+    def add(self, r: RequestRecord) -> None:
+        if not evicted_miss(r):
+            return
+        self.evicted += 1
+        self.prefill_seconds += avoidable_prefill_seconds(r)
+        if r.cache_limit_bytes == 0:
+            self.no_byte_limit += 1  # --cache-ram -1: the token limit (the context size) evicted it
+            return
+        if kept_by_larger_cache(r, 1.0) is None:
+            self.unknown += 1
+            return
+        self.limits.add(r.cache_limit_bytes or 0.0)
+        self.with_checkpoints += bool(r.evicted_entry_checkpoints)
+        for f in LARGER_CACHE_FACTORS:
+            if kept_by_larger_cache(r, f):
+                self.avoided[f] += 1
+                self.seconds[f] += avoidable_prefill_seconds(r)
+
+    def result(self) -> dict[str, Any]:
+        limit = next(iter(self.limits)) if len(self.limits) == 1 else None
+        return {
+            "evicted_misses": self.evicted,
+            "prefill_seconds": round(self.prefill_seconds, 3),
+            "size_unknown": self.unknown,
+            "no_byte_limit": self.no_byte_limit,
+            "with_checkpoints": self.with_checkpoints,
+            "limit_mib": round(limit / MIB, 3) if limit else None,
+            "points": [
+                {
+                    "factor": f,
+                    "cache_ram_mib": round(f * limit / MIB) if limit else None,
+                    "misses_avoided": self.avoided[f],
+                    "prefill_seconds_avoided": round(self.seconds[f], 3),
+                }
+                for f in LARGER_CACHE_FACTORS
+            ],
+        }
+
+
+MIB = 1048576.0
+
+
 class ValueLists:
     """Values to take percentiles of, by group, in memory (StoredValues in store.py keeps them
     on disk)."""
@@ -236,6 +299,7 @@ class ReportBuilder:
         self._last_takeover: tuple[int, int] | None = None  # (epoch, start_us) of the previous one
         self.conversations: dict[str, dict[str, Any]] = {}  # for an events file alone: what each computed
         self.chh = _CouldHaveHit(gap_seconds)
+        self.curve = _CacheSizeCurve()
 
     def count(self, r: RequestRecord) -> None:
         if r.kind != "completion":
@@ -262,6 +326,7 @@ class ReportBuilder:
         self.by_lora[r.lora] += 1
         self.by_path[r.path] += 1
         self.miss_table.add(r)
+        self.curve.add(r)
         if r.outcome == "miss":
             c = r.miss_cause or "unknown"
             for lo in (r.lora, "all"):
@@ -342,6 +407,7 @@ class ReportBuilder:
             },
             "miss_causes": self.causes,
             "restores": self.restores,
+            "cache_size_curve": self.curve.result(),
             "prefill_seconds": {p: _percentiles(self.values, "prefill:" + p) for p in RATE_PATHS},
             "large_prefills": {"min_tokens": self.large_prefill_tokens, "count": self.large},
             "time_per_output_token_seconds": {
@@ -531,6 +597,10 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
         )
     )
 
+    cc = rep.get("cache_size_curve")
+    if cc is not None:
+        out.append(_curve_table(cc))
+
     def pct_row(name: str, p: dict[str, Any]) -> list[str]:
         return [name, str(p["count"]), *(_secs(p[k]) for k in ("p50", "p90", "p99", "max"))]
 
@@ -580,6 +650,43 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
         )
     )
     return out
+
+
+def _curve_table(cc: dict[str, Any]) -> tuple[str, list[str], list[list[str]], str]:
+    limit = cc["limit_mib"]
+    rows = [
+        [
+            f"{pt['factor']:g}x" + (f" ({pt['cache_ram_mib']} MiB)" if pt["cache_ram_mib"] is not None else ""),
+            f"{pt['misses_avoided']} of {cc['evicted_misses']}",
+            f"{pt['prefill_seconds_avoided']:.3f}",
+        ]
+        for pt in cc["points"]
+    ]
+    today = f" (today {limit:g} MiB)" if limit is not None else ""
+    notes = [
+        f"{cc['evicted_misses']} misses of conversations whose RAM-cache entry had been evicted, "
+        f"{cc['prefill_seconds']:.3f} s of prefill a restore would have saved; --cache-ram as a multiple of "
+        f"the limit in force{today}.",
+        "llama-server evicts the oldest entry first: a size keeps an entry when it holds the entry and every "
+        "entry saved after it and still held, up to the conversation's return.",
+        "The token limit (the context size) never evicts first while --cache-ram sets a byte limit: "
+        "llama-server raises it to the limit divided by the bytes per token.",
+    ]
+    if cc.get("with_checkpoints"):
+        notes.append(
+            f"{cc['with_checkpoints']} of the entries carried context checkpoints (an SWA or hybrid model): a "
+            "restored entry keeps its checkpoints and the next turn adds more (up to --ctx-checkpoints), so in a "
+            "larger cache, which restores more, entries grow: these sizes are a floor and the curve is optimistic"
+        )
+    if cc["size_unknown"]:
+        notes.append(f"size needed unknown for {cc['size_unknown']} (the entry was not followed from its eviction)")
+    if cc["no_byte_limit"]:
+        notes.append(
+            f"{cc['no_byte_limit']} evicted with no byte limit (--cache-ram -1): the token limit, the context "
+            "size, evicted them; a larger --cache-ram does not change it, a larger -c does"
+        )
+    return ("Would a larger --cache-ram help?", ["cache size", "evicted misses avoided", "prefill s avoided"],
+            rows if cc["evicted_misses"] else [], "\n".join(notes))  # fmt: skip
 
 
 def cell(v: Any, decimals: int = 3) -> str:
@@ -688,6 +795,21 @@ def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
             continue
         for k in ("count", "p50", "p90", "p99", "max"):
             yield ["time_per_output_token_seconds", "", "", f"{name}_{k}", "", "", pc[k]]
+    cc = rep.get("cache_size_curve")
+    if cc is not None:
+        for k in (
+            "evicted_misses",
+            "prefill_seconds",
+            "size_unknown",
+            "no_byte_limit",
+            "with_checkpoints",
+            "limit_mib",
+        ):
+            yield ["cache_size_curve", "", "", k, "", "", cc[k]]
+        for pt in cc["points"]:
+            name = f"{pt['factor']:g}x"
+            yield ["cache_size_curve", "", "", f"{name}_misses_avoided", pt["misses_avoided"], cc["evicted_misses"], ""]
+            yield ["cache_size_curve", "", "", f"{name}_prefill_seconds_avoided", "", "", pt["prefill_seconds_avoided"]]
     yield ["small_task_takeovers", "", "", "count", "", "", rep["small_task_takeovers"]]
     for u in rep["unknown"]:
         yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
