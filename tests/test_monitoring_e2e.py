@@ -300,6 +300,13 @@ def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_ca
     assert round(value(evicted, thrash)) == len(returns_missed)
     assert value(evicted, fits) == 0
     assert value("sum by (instance) (increase(llamacpp_prompt_cache_evictions_total[15m]))", fits) > 0
+    # three conversations of 33-41 MiB entries taking turns: a cache twice the 90 MiB holds all
+    # three, so the dashboard's larger-cache panel says 2x would have avoided every one of them
+    avoidable = (
+        'sum by (instance) (increase(llamacpp_prompt_cache_evicted_misses_avoidable_total{cache_ram="2x"}[15m]))'
+    )
+    assert round(value(avoidable, thrash)) == len(returns_missed)
+    assert value(avoidable, fits) == 0
     (rule,) = [e for e in rule_expressions() if e.where == "rule LlamaCppPromptCacheThrashing"]
     firing = {r["metric"]["instance"] for r in prom.query(rule.promql)["data"]["result"]}
     assert firing == {thrash}
