@@ -46,7 +46,9 @@ def run(parts, workdir: Path, send_ids: bool):
         exp = None
         try:
             exp = start_exporter(srv, workdir, "--conversations.salt-file", str(salt_file))
-            truths, extra = contention_workload(srv.url, send_ids=send_ids)
+            truths, extra = contention_workload(
+                srv.url, send_ids=send_ids, long_turns=2
+            )  # an impatient client for each
             (workdir / "truth.jsonl").write_text("".join(json.dumps(t.__dict__) + "\n" for t in truths + extra.probes))
             recs = wait_matched(workdir / "events.jsonl", truths + extra.probes)
             top = subprocess.run(
