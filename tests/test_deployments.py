@@ -120,6 +120,18 @@ def samples_of(reg, name: str) -> list[float]:
 # ---------------------------------------------------------------- real servers
 
 
+def _post_retrying(c: httpx.Client, path: str, body: dict) -> httpx.Response:
+    """As the OpenAI client does (max_retries=2): the router closed a kept-alive connection
+    just as it was reused and sent no response (it proxied nothing: no conv_id line follows)."""
+    for attempt in range(3):
+        try:
+            return c.post(path, json=body)
+        except httpx.RemoteProtocolError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list, lock: threading.Lock) -> None:
     msgs = [{"role": "system", "content": f"You are assistant {conv}; answer briefly about {conv}."}]
     with httpx.Client(base_url=url, headers={"X-Conversation-Id": conv}, timeout=300) as c:
@@ -128,7 +140,7 @@ def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list, l
             body: dict = {"messages": msgs, "max_tokens": 6, "cache_prompt": True}
             if model:
                 body["model"] = model
-            r = c.post("/v1/chat/completions", json=body)
+            r = _post_retrying(c, "/v1/chat/completions", body)
             r.raise_for_status()
             res = r.json()
             msgs.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
