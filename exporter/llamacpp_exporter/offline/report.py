@@ -16,6 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from ..assemble.promptcache import MIB
 from ..records import (
     LARGER_CACHE_FACTORS,
     LORA_STATES,
@@ -230,9 +231,6 @@ class _CacheSizeCurve:
                 for f in LARGER_CACHE_FACTORS
             ],
         }
-
-
-MIB = 1048576.0
 
 
 class ValueLists:
