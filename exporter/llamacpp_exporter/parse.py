@@ -369,7 +369,8 @@ class Unrecognized:
 
 @dataclass(slots=True)
 class Unreadable:
-    """Not text: bytes that are not UTF-8, or control characters (a binary file, a corrupted log)."""
+    """Not text: bytes that are not UTF-8, NUL, or control characters in a line without the
+    server's prefix (a binary file, a corrupted log, a hole in the file)."""
 
 
 Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
@@ -452,10 +453,10 @@ _ROUTER = re.compile(r"^\[ *\d{1,5}\] ")
 # timestamp + level letter, both optional (--no-log-timestamps / --no-log-prefix)
 _PREFIX = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
 # tag, function column (12 chars, right aligned) and, for slot lines, the ids
-_TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \| task (-?\d+) \| )?")
+_TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?")
 # the usual whole line at once: timestamp, level (not D), tag, function, ids (the hot path)
 _TEXT_LINE = re.compile(
-    r"(\d+)\.(\d\d\.\d\d\d\.\d\d\d) [IWE] (slot|srv |que |res |cmn |spec) (.{12}): (?:id +(\d+) \| task (-?\d+) \| )?"
+    r"(\d+\.\d\d\.\d\d\d\.\d\d\d) [IWE] (slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?"
 )
 
 _FLOAT = r"(-?\d+(?:\.\d+)?)"
@@ -535,7 +536,7 @@ _SLOT_IGNORED_PREFIXES = (
 )
 
 
-def _slot_event(func: str, slot: int, task: int, msg: str) -> Event:
+def _slot_event(slot: int, task: int, msg: str) -> Event:
     c = msg[:1]
     if c == "c":
         if msg.startswith("cached n_tokens"):
@@ -606,7 +607,7 @@ def _slot_event(func: str, slot: int, task: int, msg: str) -> Event:
     return UNRECOGNIZED
 
 
-def _srv_event(func: str, msg: str) -> Event:
+def _srv_event(msg: str) -> Event:
     # The prompt-cache narrative carries no ids; the assembler attaches it to the
     # slot whose selection (or idle save) started it.
     if msg.startswith(" - ") or msg.startswith("   - "):
@@ -762,17 +763,17 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
             if b:
                 return ParsedLine(ts_us, ServerBuild(int(b.group(1)), _commit(b.group(2))))
         return ParsedLine(ts_us, IGNORED)
-    tag, func, slot, task = m.groups()
-    return ParsedLine(ts_us, _tagged_event(tag, func, slot, task, text[m.end() :]))
+    tag, slot, task = m.groups()
+    return ParsedLine(ts_us, _tagged_event(tag, slot, task, text[m.end() :]))
 
 
-def _tagged_event(tag: str, func: str, slot: str | None, task: str | None, msg: str) -> Event:
+def _tagged_event(tag: str, slot: str | None, task: str | None, msg: str) -> Event:
     if tag == "slot":
         if slot is None or task is None:
             return UNRECOGNIZED
-        return _slot_event(func, int(slot), int(task), msg)
+        return _slot_event(int(slot), int(task), msg)
     if tag == "srv ":
-        return _srv_event(func, msg)
+        return _srv_event(msg)
     if tag == "cmn ":
         if "verbosity = " in msg:
             v = _RE_VERBOSITY.search(msg)
@@ -798,11 +799,15 @@ def parse_line(line: str) -> ParsedLine:
 
 def _parse_line(line: str) -> ParsedLine:
     m = _TEXT_LINE.match(line)
-    if m is not None and line.isprintable() and "\ufffd" not in line:
-        # the usual text line, in one match: SS.mmm.uuu read as one number is microseconds
-        minutes, rest, tag, func, slot, task = m.groups()
-        at = int(minutes) * 60_000_000 + int(rest.replace(".", ""))
-        return ParsedLine(at, _tagged_event(tag, func, slot, task, line[m.end() :]))
+    if m is not None and "\ufffd" not in line and "\x00" not in line and "\x1b" not in line:
+        # the usual text line, in one match. Its prefix makes it the server's own line: the
+        # general path's check for control characters (a character at a time, the hot path's
+        # largest single cost) is left to lines without one, as are colours, holes (NUL) and
+        # bytes that were not UTF-8. "M.SS.mmm.uuu" read as one number is minutes * 10^8 plus
+        # the microseconds of the minute.
+        stamp, tag, slot, task = m.groups()
+        v = int(stamp.replace(".", ""))
+        return ParsedLine(v - v // 100_000_000 * 40_000_000, _tagged_event(tag, slot, task, line[m.end() :]))
     return _parse_general(line)
 
 

@@ -272,7 +272,10 @@ class Pipeline:
     def process_line(self, line: str, now: float | None = None) -> None:
         """Hot path. Never raises on input: an unknown line is counted and skipped."""
         t = self.clock() if now is None else now
-        parsed = parse.parse_line(line)
+        try:
+            parsed = _parse_line(line)
+        except Exception:  # a parser bug costs one line, never the exporter (parse.parse_line)
+            parsed = _UNRECOGNIZED
         if parsed.bare:
             if self._prefixed:
                 # the server prefixes its own lines: one without is the rest of a multi-line
@@ -330,6 +333,8 @@ class Pipeline:
 
 
 _CONTINUATION = parse.ParsedLine(None, parse.IGNORED, bare=True)
+_UNRECOGNIZED = parse.ParsedLine(None, parse.UNRECOGNIZED)
+_parse_line = parse._parse_line  # parse_line without its guard: process_line has its own
 
 _ROUTER_EVENTS = frozenset(
     {

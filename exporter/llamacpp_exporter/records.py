@@ -186,7 +186,7 @@ class TaskDraft:
     # its conversation as the record will say it: fixed at the first line that proves it (or
     # its overlaps' conversations), or once it waited JOIN_WAIT_US; then the same live and in
     # a replay, whenever /slots lets the record go out
-    conversation: tuple[str | None, JoinSource] | None = None
+    conversation: tuple[str | None, JoinSource | None] | None = None  # (None, None): outside the join
     conversation_proven: bool = False
 
     @property

@@ -20,7 +20,7 @@ from .. import parse as p
 from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft, TaskKind
 from .attribution import Attribution, AttributionSink, continued_tasks, lineage_parent
 from .finish import AssemblySettings, Finisher
-from .logclock import LogClock
+from .logclock import EPOCH_BACKWARDS_US, LogClock
 from .lora import LoraTracker
 from .promptcache import CacheSink, PromptCacheLog, Selection
 from .pseudonyms import Pseudonymizer
@@ -147,28 +147,32 @@ class Assembler:
     # ------------------------------------------------------------ inputs
     def feed(self, line: p.ParsedLine, now_us: int) -> None:
         clock, ts = self.clock, line.ts_us
-        if clock.went_back(ts):
-            assert ts is not None
-            if not isinstance(line.event, p.ServerStarting) and clock.after_stray_ahead(ts):
-                clock.forget_stray(ts)  # the line before was the stray: it counted at its time
-                self.sink.out_of_order_lines(1)
-                self._feed(line, now_us, checked=True)
-                return
-            # at -lv 5 a client's text can hold whole log lines (see Pipeline): a start banner
-            # from the past is then a restart only once the lines after it confirm it
-            banner_ends = not self.server.debug_logging
-            if not clock.hold(line, now_us, banner_ends=banner_ends):
-                return
-            held = clock.take_held()
-            self._new_epoch()
-            for h, n in held:
-                self._feed(h, n)
-            if banner_ends and isinstance(line.event, p.ServerStarting):
-                self._feed(line, now_us)  # not held: it ended the wait at once
+        if ts is not None and clock.last_ts is not None and ts < clock.last_ts - EPOCH_BACKWARDS_US:
+            self._went_back(line, ts, now_us)
             return
         if clock.held and ts is not None:
             self._release_held()
         self._feed(line, now_us, checked=True)
+
+    def _went_back(self, line: p.ParsedLine, ts: int, now_us: int) -> None:
+        """A line from the past: a stray, or the first lines of a restart."""
+        clock = self.clock
+        if not isinstance(line.event, p.ServerStarting) and clock.after_stray_ahead(ts):
+            clock.forget_stray(ts)  # the line before was the stray: it counted at its time
+            self.sink.out_of_order_lines(1)
+            self._feed(line, now_us, checked=True)
+            return
+        # at -lv 5 a client's text can hold whole log lines (see Pipeline): a start banner
+        # from the past is then a restart only once the lines after it confirm it
+        banner_ends = not self.server.debug_logging
+        if not clock.hold(line, now_us, banner_ends=banner_ends):
+            return
+        held = clock.take_held()
+        self._new_epoch()
+        for h, n in held:
+            self._feed(h, n)
+        if banner_ends and isinstance(line.event, p.ServerStarting):
+            self._feed(line, now_us)  # not held: it ended the wait at once
 
     def _release_held(self) -> None:
         """Time came back: the held lines were strays. They count, at the current time; not
@@ -185,7 +189,13 @@ class Assembler:
         ev, ts, clock = line.event, line.ts_us, self.clock
         if not checked and clock.went_back(ts):
             self._new_epoch()
-        clock.advance(ts, now_us)
+        # clock.advance, written out: this runs for every line
+        clock.read_us = now_us
+        if ts is not None:
+            clock.prev_ts = clock.last_ts
+            clock.last_ts = clock.now = ts
+        elif clock.last_ts is None:
+            clock.advance(None, now_us)
         mirror = self.cache.mirror
         if mirror.listing or mirror.saving:
             self.cache.before(ev)

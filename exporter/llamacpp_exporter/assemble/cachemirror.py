@@ -74,6 +74,9 @@ class CacheMirror:
         self.on_evicted = on_evicted
         self._pending: Entry | None = None  # "saving prompt" seen, not yet pushed
         self._listing: list[int] | None = None
+        # a save or a listing is open (read at every line: plain flags, kept with the two above)
+        self.saving = False
+        self.listing = False
         self._removals_unplaced: list[int] = []  # lengths of obsolete removals not yet placed
         self._listed_sizes: list[tuple[float, int]] = []
         self.limit_bytes = 0.0  # from the last cache-state line; 0: no byte limit
@@ -85,18 +88,14 @@ class CacheMirror:
 
     # ------------------------------------------------------------ saves
     def save_started(self, n_tokens: int, source: Source | None, size_bytes: float = 0.0) -> None:
-        self._pending = Entry(n_tokens, source, size_bytes)
+        self._pending, self.saving = Entry(n_tokens, source, size_bytes), True
 
     def save_skipped(self) -> None:
-        self._pending = None
-
-    @property
-    def saving(self) -> bool:
-        return self._pending is not None
+        self._pending, self.saving = None, False
 
     def commit_save(self) -> None:
         """The save's own removals are over: the entry is in the deque."""
-        save, self._pending = self._pending, None
+        save, self._pending, self.saving = self._pending, None, False
         if save is not None:
             self.entries.append(save)
             self._pushed, self._erased_bytes = True, 0.0
@@ -146,14 +145,10 @@ class CacheMirror:
 
     # ------------------------------------------------------------ listings
     def listing_started(self, n_prompts: int, size_bytes: float = 0.0, limit_bytes: float = 0.0) -> None:
-        self._listing, self._listed_sizes = [], []
+        self._listing, self._listed_sizes, self.listing = [], [], True
         self._state_bytes, self.limit_bytes = size_bytes, limit_bytes
         if n_prompts == 0:
             self.close_listing()
-
-    @property
-    def listing(self) -> bool:
-        return self._listing is not None
 
     def listed(self, n_tokens: int, size_bytes: float = 0.0, checkpoints: int = 0) -> None:
         if self._listing is not None:
@@ -161,7 +156,7 @@ class CacheMirror:
             self._listed_sizes.append((size_bytes, checkpoints))
 
     def close_listing(self) -> None:
-        lengths, self._listing = self._listing, None
+        lengths, self._listing, self.listing = self._listing, None, False
         if lengths is None:
             return
         if not self._place_removals(lengths):

@@ -119,7 +119,7 @@ class Finisher:
     def _fix_conversation(self, d: TaskDraft, waited_enough: bool) -> None:
         att = self.attribution
         if d.outside_join:
-            d.conversation, d.conversation_proven = (None, None), True  # type: ignore[assignment]
+            d.conversation, d.conversation_proven = (None, None), True
         elif self._conversations_known(d):
             d.conversation, d.conversation_proven = att.conversation_now(d.epoch, d.task), True
         elif waited_enough:

@@ -158,8 +158,8 @@ class PromptCacheLog:
         sel.restored_lcp = winner.lcp if winner else None
         if k is not None:
             source = self.mirror.restored([c.n_tokens for c in candidates], k)
-            if source is not False:
-                sel.restored_source = source  # type: ignore[assignment]
+            if source is None or isinstance(source, tuple):  # False: the mirror does not match
+                sel.restored_source = source
         try:
             sel.restored_f_keep = float(ev.f_keep)
         except ValueError:
