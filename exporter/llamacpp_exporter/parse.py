@@ -428,14 +428,29 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
 ]
 
 
-@dataclass(slots=True)
 class ParsedLine:
-    ts_us: int | None
-    event: Event
-    child: int | None = None  # the router's [port] prefix: the line is that child's
-    # no timestamp and no level letter: --no-log-prefix, or a continuation line of a
-    # multi-line message (a grammar or a prompt at -lv 5, client text): see Pipeline
-    bare: bool = False
+    """A line's event and where it stands. A plain class rather than a dataclass: one is built
+    for every line, and compiled (mypyc) a plain class is built in native code, a dataclass
+    through the interpreter."""
+
+    __slots__ = ("ts_us", "event", "child", "bare")
+
+    def __init__(self, ts_us: int | None, event: Event, child: int | None = None, bare: bool = False) -> None:
+        self.ts_us = ts_us
+        self.event = event
+        self.child = child  # the router's [port] prefix: the line is that child's
+        # no timestamp and no level letter: --no-log-prefix, or a continuation line of a
+        # multi-line message (a grammar or a prompt at -lv 5, client text): see Pipeline
+        self.bare = bare
+
+    def _fields(self) -> tuple[int | None, Event, int | None, bool]:
+        return (self.ts_us, self.event, self.child, self.bare)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ParsedLine) and self._fields() == other._fields()
+
+    def __repr__(self) -> str:
+        return f"ParsedLine(ts_us={self.ts_us!r}, event={self.event!r}, child={self.child!r}, bare={self.bare!r})"
 
 
 IGNORED = Ignored()

@@ -13,6 +13,7 @@ import itertools
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -462,6 +463,19 @@ class RequestMetrics(Collector):
         self.e2e.observe(key, q + (rec.end_us - rec.start_us) / 1e6, exemplar)
 
 
+@dataclass(slots=True)
+class _CacheSeries:
+    """One model's RAM-cache series (prometheus_client's children of the families above)."""
+
+    entries: Gauge
+    size: Gauge
+    limit: Gauge
+    saves: Counter
+    evictions: Counter
+    evicted_bytes: Counter
+    update: Histogram
+
+
 class LogMetrics:
     """Facts read straight from log lines, no assembly needed (the assembler passes them on),
     and the pipeline's own counts of what it read. Facts of a server process carry its model:
@@ -565,6 +579,8 @@ class LogMetrics:
         )
         self._slots: dict[str, set[int]] = {}
         self.models: set[str] = set()
+        # each model's RAM-cache children, looked up once: labels() costs more than the update
+        self._cache_series: dict[str, _CacheSeries] = {}
         self.model_known("")
 
     def model_known(self, model: str) -> None:
@@ -605,6 +621,7 @@ class LogMetrics:
                 g.remove(model)
             except KeyError:
                 pass
+        self._cache_series.pop(model, None)
         self._remove_build(model)
         for key in [k for k in self.prefill_tokens_in_progress if k[0] == model]:
             del self.prefill_tokens_in_progress[key]
@@ -621,20 +638,36 @@ class LogMetrics:
     def internal_error(self) -> None:
         self.internal_errors.inc()
 
+    def _cache(self, model: str) -> _CacheSeries:
+        c = self._cache_series.get(model)
+        if c is None:
+            c = self._cache_series[model] = _CacheSeries(
+                self.cache_entries.labels(model),
+                self.cache_bytes.labels(model),
+                self.cache_limit.labels(model),
+                self.cache_saves.labels(model),
+                self.cache_evictions.labels(model),
+                self.cache_evicted_bytes.labels(model),
+                self.cache_update.labels(model),
+            )
+        return c
+
     def cache_state(self, model: str, entries: int, size_bytes: float, limit_bytes: float) -> None:
-        self.cache_entries.labels(model).set(entries)
-        self.cache_bytes.labels(model).set(size_bytes)
-        self.cache_limit.labels(model).set(limit_bytes)
+        c = self._cache(model)
+        c.entries.set(entries)
+        c.size.set(size_bytes)
+        c.limit.set(limit_bytes)
 
     def cache_saved(self, model: str) -> None:
-        self.cache_saves.labels(model).inc()
+        self._cache(model).saves.inc()
 
     def cache_evicted(self, model: str, size_bytes: float) -> None:
-        self.cache_evictions.labels(model).inc()
-        self.cache_evicted_bytes.labels(model).inc(size_bytes)
+        c = self._cache(model)
+        c.evictions.inc()
+        c.evicted_bytes.inc(size_bytes)
 
     def cache_update_duration(self, model: str, seconds: float) -> None:
-        self.cache_update.labels(model).observe(seconds)
+        self._cache(model).update.observe(seconds)
 
     def prefill_in_progress(self, model: str, slot: int, tokens: int) -> None:
         if slot in self._slots.get(model, ()):  # a slot id the server announced: labels stay bounded
