@@ -229,7 +229,6 @@ class Exporter:
 
     def _process(self) -> None:
         pl = self.pipeline
-        process_line = pl.process_line
         while True:
             try:
                 item = self.q.get(timeout=QUIET_SECONDS)
@@ -239,8 +238,7 @@ class Exporter:
             if item is _STOP:
                 break
             if isinstance(item, list):
-                for line in item:
-                    process_line(line)
+                pl.process_lines(item)
             elif isinstance(item, SlotsSnapshot):
                 pl.process_snapshot(item)
             elif isinstance(item, LoraAdapters):
