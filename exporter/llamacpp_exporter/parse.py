@@ -552,12 +552,20 @@ _SLOT_IGNORED_PREFIXES = (
 
 
 def _slot_event(slot: int, task: int, msg: str) -> Event:
+    # the regex groups, typed: compiled, they are converted to numbers natively
+    n: str
+    ms: str
+    per_token: str
+    truncated: str
+    f_keep: str
+    f_sim: str
     c = msg[:1]
     if c == "c":
         if msg.startswith("cached n_tokens"):
             m = _RE_CACHED.match(msg)
             if m:
-                return CachedTokens(slot, task, int(m.group(1)))
+                n = m.group(1)
+                return CachedTokens(slot, task, int(n))
         elif msg.startswith("clearing cache for lora change"):
             m = _RE_LORA_CLEAR.match(msg)
             if m:
@@ -570,7 +578,8 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
         if msg.startswith("prompt eval time"):
             m = _RE_PROMPT_TIMING.match(msg)
             if m:
-                return PromptTiming(slot, task, float(m.group(1)), int(m.group(2)))
+                ms, n = m.group(1, 2)
+                return PromptTiming(slot, task, float(ms), int(n))
         elif msg.startswith("processing task"):
             m = _RE_PROCESSING.match(msg)
             if m:
@@ -578,13 +587,15 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
         elif msg.startswith("prompt processing"):
             m = _RE_PROGRESS.match(msg)
             if m:
-                return PrefillProgress(slot, task, int(m.group(1)))
+                n = m.group(1)
+                return PrefillProgress(slot, task, int(n))
     elif c == " ":
         s = msg.lstrip(" ")
         if s.startswith("eval time"):
             m = _RE_EVAL_TIMING.match(s)
             if m:
-                return EvalTiming(slot, task, float(m.group(1)), int(m.group(2)), float(m.group(3)))
+                ms, n, per_token = m.group(1, 2, 3)
+                return EvalTiming(slot, task, float(ms), int(n), float(per_token))
         if s.startswith("- skipping, is_processing = 1"):
             return SlotBusy(slot)
         if s.startswith(("total time", "graphs reused", "- skipping", "- checking sim", "acc per pos")):
@@ -593,13 +604,15 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
         if msg.startswith("stop processing"):
             m = _RE_RELEASE.match(msg)
             if m:
-                return TaskReleased(slot, task, int(m.group(1)), m.group(2) == "1")
+                n, truncated = m.group(1, 2)
+                return TaskReleased(slot, task, int(n), truncated == "1")
         elif msg.startswith("selected slot by LRU"):
             return SlotSelected(slot, "lru")
         elif msg.startswith("selected slot by LCP"):
             m = _RE_SELECTED_LCP.match(msg)
             if m:
-                return SlotSelected(slot, "lcp", float(m.group(2)), float(m.group(1)))
+                f_sim, f_keep = m.group(1, 2)
+                return SlotSelected(slot, "lcp", float(f_keep), float(f_sim))
         elif msg.startswith("selected slot by id"):
             return SlotSelected(slot, "id")
         elif msg.startswith("saving idle slot to prompt cache"):
@@ -610,7 +623,8 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
         if msg.startswith("new prompt"):
             m = _RE_NEW_PROMPT.match(msg)
             if m:
-                return NewPrompt(slot, task, int(m.group(1)))
+                n = m.group(1)
+                return NewPrompt(slot, task, int(n))
     elif c == "i":
         if msg.startswith("init sampler"):
             return PrefillFinished(slot, task)
@@ -623,17 +637,27 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
 
 
 def _srv_event(msg: str) -> Event:
+    n: str  # the regex groups, typed (see _slot_event)
+    lcp: str
+    f_keep: str
+    f_sim: str
+    entry: str
+    checkpoints: str
+    mib: str
+    ms: str
     # The prompt-cache narrative carries no ids; the assembler attaches it to the
     # slot whose selection (or idle save) started it.
     if msg.startswith(" - ") or msg.startswith("   - "):
         if msg.startswith("   - prompt with length"):
             m = _RE_CANDIDATE.match(msg)
             if m:
-                return CacheCandidate(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4))
+                n, lcp, f_keep, f_sim = m.group(1, 2, 3, 4)
+                return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
         elif msg.startswith("   - prompt "):
             m = _RE_ENTRY.match(msg)
             if m:
-                return CacheEntryListed(m.group(1), int(m.group(2)), float(m.group(4)), int(m.group(3)))
+                entry, n, checkpoints, mib = m.group(1, 2, 3, 4)
+                return CacheEntryListed(entry, int(n), float(mib), int(checkpoints))
         elif msg.startswith(" - cache state"):
             m = _RE_STATE.match(msg)
             if m:
@@ -648,11 +672,13 @@ def _srv_event(msg: str) -> Event:
         elif msg.startswith(" - saving prompt"):
             m = _RE_SAVE.match(msg)
             if m:
-                return PromptSaved(int(m.group(1)), float(m.group(2)))
+                n, mib = m.group(1, 2)
+                return PromptSaved(int(n), float(mib))
         elif msg.startswith(" - looking for better prompt"):
             m = _RE_LOOKUP.match(msg)
             if m:
-                return CacheLookup(float(m.group(1)), float(m.group(2)))
+                f_keep, f_sim = m.group(1, 2)
+                return CacheLookup(float(f_keep), float(f_sim))
         elif msg.startswith(" - found better prompt"):
             m = _RE_FOUND.match(msg)
             if m:
@@ -677,7 +703,8 @@ def _srv_event(msg: str) -> Event:
     if msg.startswith("prompt cache update took"):
         m = _RE_TOOK.match(msg)
         if m:
-            return CacheUpdateTook(float(m.group(1)))
+            ms = m.group(1)
+            return CacheUpdateTook(float(ms))
     if msg.startswith("conv_id="):
         end = msg.rfind(" (empty=")
         return ConversationArrived(msg[8:end] if end >= 8 else "")
@@ -820,6 +847,7 @@ def _parse_line(line: str) -> ParsedLine:
         # largest single cost) is left to lines without one, as are colours, holes (NUL) and
         # bytes that were not UTF-8. "M.SS.mmm.uuu" read as one number is minutes * 10^8 plus
         # the microseconds of the minute.
+        stamp: str  # typed: compiled, read as a str natively
         stamp, tag, slot, task = m.groups()
         v = int(stamp.replace(".", ""))
         return ParsedLine(v - v // 100_000_000 * 40_000_000, _tagged_event(tag, slot, task, line[m.end() :]))
