@@ -15,276 +15,400 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
-from typing import Union
+from typing import ClassVar, Final, Union
 
 # ---------------------------------------------------------------- events
-# Each event is a small dataclass with slots, read-only by convention: not frozen, because a
-# frozen dataclass costs about 1 us more to build and two are built for every line (the event
-# and its envelope). ``ts_us`` (on the envelope) is the server's own relative timestamp in
+# Each event is a small slotted class, read-only by convention: not frozen, because freezing
+# costs about 1 us a build and two objects are built for most lines (the event and its
+# envelope). ``ts_us`` (on the envelope) is the server's own relative timestamp in
 # microseconds, or None when timestamps are off.
 
 
-@dataclass(slots=True)
-class ServerStarting:
+class _EventBase:
+    """What each event has of a dataclass: equality and repr by its fields. Events are plain
+    classes, not dataclasses: one is built for most lines, and compiled (mypyc) a plain class
+    is built in native code, a dataclass through the interpreter."""
+
+    __slots__ = ()
+    _fields: ClassVar[tuple[str, ...]] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, f) == getattr(other, f) for f in self._fields)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({', '.join(f'{f}={getattr(self, f)!r}' for f in self._fields)})"
+
+
+class ServerStarting(_EventBase):
     """``llama_server: initializing ...``: a new process, so a new epoch."""
 
-
-@dataclass(slots=True)
-class Verbosity:
-    level: int
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class ServerBuild:
+class Verbosity(_EventBase):
+    _fields = ("level",)
+    __slots__ = _fields
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+
+
+class ServerBuild(_EventBase):
     """``build N (commit)`` at start: 0 and "unknown" when built without git metadata."""
 
-    number: int
-    commit: str
+    _fields = ("number", "commit")
+    __slots__ = _fields
+
+    def __init__(self, number: int, commit: str) -> None:
+        self.number = number
+        self.commit = commit
 
 
-@dataclass(slots=True)
-class SlotsInitialized:
-    n_slots: int
-    n_ctx_slot: int
+class SlotsInitialized(_EventBase):
+    _fields = ("n_slots", "n_ctx_slot")
+    __slots__ = _fields
+
+    def __init__(self, n_slots: int, n_ctx_slot: int) -> None:
+        self.n_slots = n_slots
+        self.n_ctx_slot = n_ctx_slot
 
 
-@dataclass(slots=True)
-class CacheEnabled:
-    limit_mib: float
+class CacheEnabled(_EventBase):
+    _fields = ("limit_mib",)
+    __slots__ = _fields
+
+    def __init__(self, limit_mib: float) -> None:
+        self.limit_mib = limit_mib
 
 
-@dataclass(slots=True)
-class ConversationArrived:
+class ConversationArrived(_EventBase):
     """``conv_id=...``: a completion request arrived (its task does not exist yet), with the
     client's X-Conversation-Id header, "" when none was sent. Hashed by the assembler."""
 
-    raw_id: str
+    _fields = ("raw_id",)
+    __slots__ = _fields
+
+    def __init__(self, raw_id: str) -> None:
+        self.raw_id = raw_id
 
 
-@dataclass(slots=True)
-class RequestParamsRead:
+class RequestParamsRead(_EventBase):
     """``chat format: ...``: a chat request's parameters are being read. llama-server logs it
     on the request's HTTP thread after the request took its task id (see join.py)."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
-class AllSlotsIdle:
+
+class AllSlotsIdle(_EventBase):
     """``update_slots: all slots are idle`` (TRACE): the main loop has just tried every queued
     task (server-context.cpp:3023, after the queue is processed) and none is running."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
-class SlotBusy:
+
+class SlotBusy(_EventBase):
     """``- skipping, is_processing = 1``: slot selection for a queued task passed over a busy
     slot. A task that finds every slot it may use busy is deferred (see join.py)."""
 
-    slot: int
+    _fields = ("slot",)
+    __slots__ = _fields
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
 
 
-@dataclass(slots=True)
-class SlotSelected:
-    slot: int
-    method: str  # "id" | "lcp" | "lru"
-    f_keep: float | None = None
-    f_sim: float | None = None
+class SlotSelected(_EventBase):
+    _fields = ("slot", "method", "f_keep", "f_sim")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, method: str, f_keep: float | None = None, f_sim: float | None = None) -> None:
+        self.slot = slot
+        self.method = method  # "id" | "lcp" | "lru"
+        self.f_keep = f_keep
+        self.f_sim = f_sim
 
 
-@dataclass(slots=True)
-class CacheUpdateStarted:
-    pass
+class CacheUpdateStarted(_EventBase):
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class PromptSaved:
-    n_tokens: int
-    size_mib: float
+class PromptSaved(_EventBase):
+    _fields = ("n_tokens", "size_mib")
+    __slots__ = _fields
+
+    def __init__(self, n_tokens: int, size_mib: float) -> None:
+        self.n_tokens = n_tokens
+        self.size_mib = size_mib
 
 
-@dataclass(slots=True)
-class PromptSaveSkipped:
-    reason: str  # "already_cached" | "too_big"
+class PromptSaveSkipped(_EventBase):
+    _fields = ("reason",)
+    __slots__ = _fields
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason  # "already_cached" | "too_big"
 
 
-@dataclass(slots=True)
-class ObsoleteEntryRemoved:
-    n_tokens: int
+class ObsoleteEntryRemoved(_EventBase):
+    _fields = ("n_tokens",)
+    __slots__ = _fields
+
+    def __init__(self, n_tokens: int) -> None:
+        self.n_tokens = n_tokens
 
 
-@dataclass(slots=True)
-class CacheLookup:
-    base_f_keep: float
-    base_f_sim: float
+class CacheLookup(_EventBase):
+    _fields = ("base_f_keep", "base_f_sim")
+    __slots__ = _fields
+
+    def __init__(self, base_f_keep: float, base_f_sim: float) -> None:
+        self.base_f_keep = base_f_keep
+        self.base_f_sim = base_f_sim
 
 
-@dataclass(slots=True)
-class CacheCandidate:
-    n_tokens: int
-    lcp: int
-    f_keep: str  # kept as printed: the winner is found by comparing the printed values
-    f_sim: str
+class CacheCandidate(_EventBase):
+    _fields = ("n_tokens", "lcp", "f_keep", "f_sim")
+    __slots__ = _fields
+
+    def __init__(self, n_tokens: int, lcp: int, f_keep: str, f_sim: str) -> None:
+        self.n_tokens = n_tokens
+        self.lcp = lcp
+        self.f_keep = f_keep  # kept as printed: the winner is found by comparing the printed values
+        self.f_sim = f_sim
 
 
-@dataclass(slots=True)
-class CacheRestored:
-    f_keep: str
-    f_sim: str
+class CacheRestored(_EventBase):
+    _fields = ("f_keep", "f_sim")
+    __slots__ = _fields
+
+    def __init__(self, f_keep: str, f_sim: str) -> None:
+        self.f_keep = f_keep
+        self.f_sim = f_sim
 
 
-@dataclass(slots=True)
-class CacheState:
-    n_prompts: int
-    size_mib: float
-    limit_mib: float  # --cache-ram; 0: no byte limit (-1)
-    # the token limit (the context size) and the one in force: with a byte limit the server
-    # raises it to limit / bytes per token (server_prompt_cache::update), so only a cache
-    # without a byte limit evicts by tokens. None on a line without them.
-    limit_tokens: int | None = None
-    limit_tokens_in_force: int | None = None
+class CacheState(_EventBase):
+    _fields = ("n_prompts", "size_mib", "limit_mib", "limit_tokens", "limit_tokens_in_force")
+    __slots__ = _fields
+
+    def __init__(
+        self,
+        n_prompts: int,
+        size_mib: float,
+        limit_mib: float,
+        limit_tokens: int | None = None,
+        limit_tokens_in_force: int | None = None,
+    ) -> None:
+        self.n_prompts = n_prompts
+        self.size_mib = size_mib
+        self.limit_mib = limit_mib  # --cache-ram; 0: no byte limit (-1)
+        # the token limit (the context size) and the one in force: with a byte limit the server
+        # raises it to limit / bytes per token (server_prompt_cache::update), so only a cache
+        # without a byte limit evicts by tokens. None on a line without them.
+        self.limit_tokens = limit_tokens
+        self.limit_tokens_in_force = limit_tokens_in_force
 
 
-@dataclass(slots=True)
-class CacheEntryListed:
-    entry_id: str  # the entry's address as printed, e.g. 0x5593369e7000
-    n_tokens: int
-    size_mib: float
-    checkpoints: int = 0  # context checkpoints (SWA, hybrid models) stored with the entry
+class CacheEntryListed(_EventBase):
+    _fields = ("entry_id", "n_tokens", "size_mib", "checkpoints")
+    __slots__ = _fields
+
+    def __init__(self, entry_id: str, n_tokens: int, size_mib: float, checkpoints: int = 0) -> None:
+        self.entry_id = entry_id  # the entry's address as printed, e.g. 0x5593369e7000
+        self.n_tokens = n_tokens
+        self.size_mib = size_mib
+        self.checkpoints = checkpoints  # context checkpoints (SWA, hybrid models) stored with the entry
 
 
-@dataclass(slots=True)
-class CacheUpdateTook:
-    ms: float
+class CacheUpdateTook(_EventBase):
+    _fields = ("ms",)
+    __slots__ = _fields
+
+    def __init__(self, ms: float) -> None:
+        self.ms = ms
 
 
-@dataclass(slots=True)
-class CacheEvicted:
-    size_mib: float
-    making_room: bool  # evicted by a save to make room for it, before the new entry is pushed
-    by_token_limit: bool = False  # "cache token limit ... reached": the byte limit was not the cause
+class CacheEvicted(_EventBase):
+    _fields = ("size_mib", "making_room", "by_token_limit")
+    __slots__ = _fields
+
+    def __init__(self, size_mib: float, making_room: bool, by_token_limit: bool = False) -> None:
+        self.size_mib = size_mib
+        self.making_room = making_room  # evicted by a save to make room for it, before the new entry is pushed
+        self.by_token_limit = by_token_limit  # "cache token limit ... reached": the byte limit was not the cause
 
 
-@dataclass(slots=True)
-class CacheRestoreFailed:
-    pass
+class CacheRestoreFailed(_EventBase):
+    __slots__ = ()
 
 
-@dataclass(slots=True)
-class LoraCacheCleared:
-    slot: int
-    n_from: int
-    n_to: int
+class LoraCacheCleared(_EventBase):
+    _fields = ("slot", "n_from", "n_to")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, n_from: int, n_to: int) -> None:
+        self.slot = slot
+        self.n_from = n_from
+        self.n_to = n_to
 
 
-@dataclass(slots=True)
-class TaskLaunched:
-    slot: int
-    task: int
-    is_child: bool
+class TaskLaunched(_EventBase):
+    _fields = ("slot", "task", "is_child")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, is_child: bool) -> None:
+        self.slot = slot
+        self.task = task
+        self.is_child = is_child
 
 
-@dataclass(slots=True)
-class SamplerChainSet:
+class SamplerChainSet(_EventBase):
     """``sampler chain: ...`` (TRACE), just before a task's launch on this slot: the task
     samples tokens (a completion or infill). Embedding and rerank tasks launch without one."""
 
-    slot: int
+    _fields = ("slot",)
+    __slots__ = _fields
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
 
 
-@dataclass(slots=True)
-class ChildTasksLaunched:
+class ChildTasksLaunched(_EventBase):
     """``launching slots for parent task id_task = N with K child tasks``: an n > 1 request,
     one parent task and K children that copy its prompt state (one request, K + 1 choices)."""
 
-    parent_task: int
-    n_children: int
+    _fields = ("parent_task", "n_children")
+    __slots__ = _fields
+
+    def __init__(self, parent_task: int, n_children: int) -> None:
+        self.parent_task = parent_task
+        self.n_children = n_children
 
 
-@dataclass(slots=True)
-class IdleSlotSaving:
-    slot: int
+class IdleSlotSaving(_EventBase):
+    _fields = ("slot",)
+    __slots__ = _fields
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
 
 
-@dataclass(slots=True)
-class SlotPromptCleared:
-    slot: int
-    n_tokens: int
+class SlotPromptCleared(_EventBase):
+    _fields = ("slot", "n_tokens")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, n_tokens: int) -> None:
+        self.slot = slot
+        self.n_tokens = n_tokens
 
 
-@dataclass(slots=True)
-class NewPrompt:
-    slot: int
-    task: int
-    n_tokens: int
+class NewPrompt(_EventBase):
+    _fields = ("slot", "task", "n_tokens")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, n_tokens: int) -> None:
+        self.slot = slot
+        self.task = task
+        self.n_tokens = n_tokens
 
 
-@dataclass(slots=True)
-class CachedTokens:
-    slot: int
-    task: int
-    n_tokens: int
+class CachedTokens(_EventBase):
+    _fields = ("slot", "task", "n_tokens")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, n_tokens: int) -> None:
+        self.slot = slot
+        self.task = task
+        self.n_tokens = n_tokens
 
 
-@dataclass(slots=True)
-class FullReprocessForced:
-    slot: int
-    task: int
+class FullReprocessForced(_EventBase):
+    _fields = ("slot", "task")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int) -> None:
+        self.slot = slot
+        self.task = task
 
 
-@dataclass(slots=True)
-class PrefillFinished:
+class PrefillFinished(_EventBase):
     """TRACE ``init sampler``: the prompt is fully in the slot, sampling starts."""
 
-    slot: int
-    task: int
+    _fields = ("slot", "task")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int) -> None:
+        self.slot = slot
+        self.task = task
 
 
-@dataclass(slots=True)
-class PrefillProgress:
-    slot: int
-    task: int
-    n_tokens: int
+class PrefillProgress(_EventBase):
+    _fields = ("slot", "task", "n_tokens")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, n_tokens: int) -> None:
+        self.slot = slot
+        self.task = task
+        self.n_tokens = n_tokens
 
 
-@dataclass(slots=True)
-class PromptTiming:
-    slot: int
-    task: int
-    ms: float
-    n_tokens: int
+class PromptTiming(_EventBase):
+    _fields = ("slot", "task", "ms", "n_tokens")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, ms: float, n_tokens: int) -> None:
+        self.slot = slot
+        self.task = task
+        self.ms = ms
+        self.n_tokens = n_tokens
 
 
-@dataclass(slots=True)
-class EvalTiming:
-    slot: int
-    task: int
-    ms: float
-    n_tokens: int
-    ms_per_token: float
+class EvalTiming(_EventBase):
+    _fields = ("slot", "task", "ms", "n_tokens", "ms_per_token")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, ms: float, n_tokens: int, ms_per_token: float) -> None:
+        self.slot = slot
+        self.task = task
+        self.ms = ms
+        self.n_tokens = n_tokens
+        self.ms_per_token = ms_per_token
 
 
-@dataclass(slots=True)
-class TaskReleased:
-    slot: int
-    task: int
-    n_tokens: int
-    truncated: bool
+class TaskReleased(_EventBase):
+    _fields = ("slot", "task", "n_tokens", "truncated")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, n_tokens: int, truncated: bool) -> None:
+        self.slot = slot
+        self.task = task
+        self.n_tokens = n_tokens
+        self.truncated = truncated
 
 
-@dataclass(slots=True)
-class TaskCancelled:
-    task: int
+class TaskCancelled(_EventBase):
+    _fields = ("task",)
+    __slots__ = _fields
+
+    def __init__(self, task: int) -> None:
+        self.task = task
 
 
-@dataclass(slots=True)
-class TaskFailed:
-    task: int
+class TaskFailed(_EventBase):
+    _fields = ("task",)
+    __slots__ = _fields
+
+    def __init__(self, task: int) -> None:
+        self.task = task
 
 
-@dataclass(slots=True)
-class TaskLaunchFailed:
+class TaskLaunchFailed(_EventBase):
     """``failed to launch slot with task, id_task = N``: the task was dropped before it ran."""
 
-    task: int
+    _fields = ("task",)
+    __slots__ = _fields
+
+    def __init__(self, task: int) -> None:
+        self.task = task
 
 
 # ---- the router's own lines (llama-server --models-preset / --models-dir, server-models.cpp).
@@ -292,85 +416,111 @@ class TaskLaunchFailed:
 # still takes a name as a label value only from a spawn line (bounded, see router.py).
 
 
-@dataclass(slots=True)
-class RouterStarted:
+class RouterStarted(_EventBase):
     """``starting server in router mode``: this log is a router's; its children's lines come
     prefixed with ``[port] ``."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
-class ModelAvailable:
+
+class ModelAvailable(_EventBase):
     """``  [    preset] M`` under ``Available models (N):``: a model the router can serve."""
 
-    name: str
+    _fields = ("name",)
+    __slots__ = _fields
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-@dataclass(slots=True)
-class ChildSpawned:
+class ChildSpawned(_EventBase):
     """``spawning server instance with name=M on port P``: the child on port P serves M."""
 
-    name: str
-    port: int
+    _fields = ("name", "port")
+    __slots__ = _fields
+
+    def __init__(self, name: str, port: int) -> None:
+        self.name = name
+        self.port = port
 
 
-@dataclass(slots=True)
-class ChildExited:
+class ChildExited(_EventBase):
     """``instance name=M exited with status S``."""
 
-    name: str
-    status: int
+    _fields = ("name", "status")
+    __slots__ = _fields
+
+    def __init__(self, name: str, status: int) -> None:
+        self.name = name
+        self.status = status
 
 
-@dataclass(slots=True)
-class RequestProxied:
+class RequestProxied(_EventBase):
     """``proxying request to model M on port P``: a request (or a /slots, /metrics poll) went
     to the child."""
 
-    name: str
-    port: int
+    _fields = ("name", "port")
+    __slots__ = _fields
+
+    def __init__(self, name: str, port: int) -> None:
+        self.name = name
+        self.port = port
 
 
-@dataclass(slots=True)
-class ModelRequestQueued:
+class ModelRequestQueued(_EventBase):
     """``request for name=M queued at position N`` / ``joined the queue``: a request waits for
     its model to load."""
 
-    name: str
+    _fields = ("name",)
+    __slots__ = _fields
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-@dataclass(slots=True)
-class ModelRequestCancelled:
+class ModelRequestCancelled(_EventBase):
     """``request for conv_id=... cancelled while model name=M was loading``."""
 
-    name: str
+    _fields = ("name",)
+    __slots__ = _fields
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-@dataclass(slots=True)
-class ChildStopping:
+class ChildStopping(_EventBase):
     """``stopping model instance name=M`` (unload, swap, shutdown)."""
 
-    name: str
+    _fields = ("name",)
+    __slots__ = _fields
+
+    def __init__(self, name: str) -> None:
+        self.name = name
 
 
-@dataclass(slots=True)
-class DebugLine:
+class DebugLine(_EventBase):
     """A ``D`` line: llama-server runs at -lv 5 and logs prompt text. Content dropped here."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
-class Ignored:
+
+class Ignored(_EventBase):
     """A line we know and do not need (model loading, sampler settings, continuation lines...)."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
-class Unrecognized:
+
+class Unrecognized(_EventBase):
     """A line shaped like a server line whose message we do not know: a new build's log."""
 
+    __slots__ = ()
 
-@dataclass(slots=True)
-class Unreadable:
+
+class Unreadable(_EventBase):
     """Not text: bytes that are not UTF-8, NUL, or control characters in a line without the
     server's prefix (a binary file, a corrupted log, a hole in the file)."""
+
+    __slots__ = ()
 
 
 Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
@@ -453,73 +603,75 @@ class ParsedLine:
         return f"ParsedLine(ts_us={self.ts_us!r}, event={self.event!r}, child={self.child!r}, bare={self.bare!r})"
 
 
-IGNORED = Ignored()
-UNRECOGNIZED = Unrecognized()
-UNREADABLE = Unreadable()
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
-DEBUG = DebugLine()
-REQUEST_PARAMS_READ = RequestParamsRead()
-ALL_SLOTS_IDLE = AllSlotsIdle()
+IGNORED: Final = Ignored()
+UNRECOGNIZED: Final = Unrecognized()
+UNREADABLE: Final = Unreadable()
+_CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+DEBUG: Final = DebugLine()
+REQUEST_PARAMS_READ: Final = RequestParamsRead()
+ALL_SLOTS_IDLE: Final = AllSlotsIdle()
 
 # ---------------------------------------------------------------- envelope
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_ROUTER = re.compile(r"^\[ *\d{1,5}\] ")
+_ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
+_ROUTER: Final = re.compile(r"^\[ *\d{1,5}\] ")
 # timestamp + level letter, both optional (--no-log-timestamps / --no-log-prefix)
-_PREFIX = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
+_PREFIX: Final = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
 # tag, function column (12 chars, right aligned) and, for slot lines, the ids
-_TAGGED = re.compile(r"^(slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?")
+_TAGGED: Final = re.compile(r"^(slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?")
 # the usual whole line at once: timestamp, level (not D), tag, function, ids (the hot path)
-_TEXT_LINE = re.compile(
+_TEXT_LINE: Final = re.compile(
     r"(\d+\.\d\d\.\d\d\d\.\d\d\d) [IWE] (slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?"
 )
 
-_FLOAT = r"(-?\d+(?:\.\d+)?)"
+_FLOAT: Final = r"(-?\d+(?:\.\d+)?)"
 
-_RE_BUILD = re.compile(r"common_params_print_info: build (\d{1,9}) \(([0-9A-Za-z]+)\)")
-_RE_SELECTED_LCP = re.compile(
+_RE_BUILD: Final = re.compile(r"common_params_print_info: build (\d{1,9}) \(([0-9A-Za-z]+)\)")
+_RE_SELECTED_LCP: Final = re.compile(
     r"selected slot by LCP similarity, f_sim_best = ([\d.]+) \(> [\d.]+ thold\), f_keep = " + _FLOAT
 )
-_RE_NEW_PROMPT = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (\d+)")
-_RE_CACHED = re.compile(r"cached n_tokens = (\d+),")
-_RE_PROMPT_TIMING = re.compile(r"prompt eval time = +" + _FLOAT + r" ms / +(\d+) tokens")
-_RE_EVAL_TIMING = re.compile(r"eval time = +" + _FLOAT + r" ms / +(\d+) tokens \( +" + _FLOAT + " ms per token")
-_RE_RELEASE = re.compile(r"stop processing: n_tokens = (\d+), truncated = (\d)")
-_RE_PROCESSING = re.compile(r"processing task, is_child = (\d)")
-_RE_LORA_CLEAR = re.compile(r"clearing cache for lora change\. (\d+) loras -> (\d+) loras")
-_RE_CLEAR_PROMPT = re.compile(r"clearing prompt with (\d+) tokens")
-_RE_PROGRESS = re.compile(r"prompt processing, n_tokens = +(\d+)")
-_RE_SAVE = re.compile(r" - saving prompt with length (\d+), total state size = " + _FLOAT + " MiB")
-_RE_LOOKUP = re.compile(r" - looking for better prompt, base f_keep = " + _FLOAT + ", f_sim = " + _FLOAT)
-_RE_CANDIDATE = re.compile(r"   - prompt with length +(\d+), lcp = +(-?\d+), f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
-_RE_FOUND = re.compile(r" - found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
-_RE_STATE = re.compile(
+_RE_NEW_PROMPT: Final = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (\d+)")
+_RE_CACHED: Final = re.compile(r"cached n_tokens = (\d+),")
+_RE_PROMPT_TIMING: Final = re.compile(r"prompt eval time = +" + _FLOAT + r" ms / +(\d+) tokens")
+_RE_EVAL_TIMING: Final = re.compile(r"eval time = +" + _FLOAT + r" ms / +(\d+) tokens \( +" + _FLOAT + " ms per token")
+_RE_RELEASE: Final = re.compile(r"stop processing: n_tokens = (\d+), truncated = (\d)")
+_RE_PROCESSING: Final = re.compile(r"processing task, is_child = (\d)")
+_RE_LORA_CLEAR: Final = re.compile(r"clearing cache for lora change\. (\d+) loras -> (\d+) loras")
+_RE_CLEAR_PROMPT: Final = re.compile(r"clearing prompt with (\d+) tokens")
+_RE_PROGRESS: Final = re.compile(r"prompt processing, n_tokens = +(\d+)")
+_RE_SAVE: Final = re.compile(r" - saving prompt with length (\d+), total state size = " + _FLOAT + " MiB")
+_RE_LOOKUP: Final = re.compile(r" - looking for better prompt, base f_keep = " + _FLOAT + ", f_sim = " + _FLOAT)
+_RE_CANDIDATE: Final = re.compile(
+    r"   - prompt with length +(\d+), lcp = +(-?\d+), f_keep = ([-\d.]+), f_sim = ([-\d.]+)"
+)
+_RE_FOUND: Final = re.compile(r" - found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
+_RE_STATE: Final = re.compile(
     r" - cache state: (\d+) prompts, " + _FLOAT + r" MiB \(limits: " + _FLOAT + r" MiB(?:, (\d+) tokens, (\d+) est)?"
 )
-_RE_ENTRY = re.compile(
+_RE_ENTRY: Final = re.compile(
     r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +(\d+), +" + _FLOAT + " MiB"
 )
-_RE_TOOK = re.compile(r"prompt cache update took " + _FLOAT + " ms")
-_RE_EVICT = re.compile(r"removing oldest entry \(size = " + _FLOAT + r" MiB\)")
-_RE_OBSOLETE = re.compile(r" - removing obsolete cached prompt with length (\d+)")
-_RE_VERBOSITY = re.compile(r"verbosity = (\d+)")
-_RE_SLOTS_INIT = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
-_RE_CACHE_LIMIT = re.compile(r"prompt cache is enabled, size limit: (-?\d+) MiB")
-_RE_CANCEL = re.compile(r"cancel task, id_task = (\d+)")
-_RE_SEND_ERROR = re.compile(r"task id = (\d+), error: ")
-_RE_LAUNCH_FAILED = re.compile(r"failed to launch slot with (?:parent )?task, id_task = (\d+)")
-_RE_PARENT = re.compile(r"launching slots for parent task id_task = (\d+) with (\d+) child tasks")
-_MODEL_NAME = r"(\S{1,256})"
-_RE_SPAWNED = re.compile(r"spawning server instance with name=" + _MODEL_NAME + r" on port (\d{1,5})$")
-_RE_EXITED = re.compile(r"instance name=" + _MODEL_NAME + r" exited with status (-?\d{1,6})$")
-_RE_PROXIED = re.compile(r"proxying request to model " + _MODEL_NAME + r" on port (\d{1,5})$")
-_RE_QUEUED = re.compile(r"request for name=" + _MODEL_NAME + r" (?:queued at position|joined the queue)")
-_RE_LOAD_CANCELLED = re.compile(r" cancelled while model name=" + _MODEL_NAME + r" was loading$")
-_RE_AVAILABLE = re.compile(r"  \[ *[a-z]{1,16}\] " + _MODEL_NAME)
-_RE_STOPPING = re.compile(r"stopping model instance name=" + _MODEL_NAME + "$")
+_RE_TOOK: Final = re.compile(r"prompt cache update took " + _FLOAT + " ms")
+_RE_EVICT: Final = re.compile(r"removing oldest entry \(size = " + _FLOAT + r" MiB\)")
+_RE_OBSOLETE: Final = re.compile(r" - removing obsolete cached prompt with length (\d+)")
+_RE_VERBOSITY: Final = re.compile(r"verbosity = (\d+)")
+_RE_SLOTS_INIT: Final = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
+_RE_CACHE_LIMIT: Final = re.compile(r"prompt cache is enabled, size limit: (-?\d+) MiB")
+_RE_CANCEL: Final = re.compile(r"cancel task, id_task = (\d+)")
+_RE_SEND_ERROR: Final = re.compile(r"task id = (\d+), error: ")
+_RE_LAUNCH_FAILED: Final = re.compile(r"failed to launch slot with (?:parent )?task, id_task = (\d+)")
+_RE_PARENT: Final = re.compile(r"launching slots for parent task id_task = (\d+) with (\d+) child tasks")
+_MODEL_NAME: Final = r"(\S{1,256})"
+_RE_SPAWNED: Final = re.compile(r"spawning server instance with name=" + _MODEL_NAME + r" on port (\d{1,5})$")
+_RE_EXITED: Final = re.compile(r"instance name=" + _MODEL_NAME + r" exited with status (-?\d{1,6})$")
+_RE_PROXIED: Final = re.compile(r"proxying request to model " + _MODEL_NAME + r" on port (\d{1,5})$")
+_RE_QUEUED: Final = re.compile(r"request for name=" + _MODEL_NAME + r" (?:queued at position|joined the queue)")
+_RE_LOAD_CANCELLED: Final = re.compile(r" cancelled while model name=" + _MODEL_NAME + r" was loading$")
+_RE_AVAILABLE: Final = re.compile(r"  \[ *[a-z]{1,16}\] " + _MODEL_NAME)
+_RE_STOPPING: Final = re.compile(r"stopping model instance name=" + _MODEL_NAME + "$")
 
 # slot-line messages that are known and carry nothing we need
-_SLOT_IGNORED_PREFIXES = (
+_SLOT_IGNORED_PREFIXES: Final = (
     " - skipping",
     " - checking sim",
     "sampler chain",
@@ -782,7 +934,7 @@ def _router_event(msg: str) -> Event:
     return IGNORED
 
 
-_HEX_COMMIT = re.compile(r"[0-9a-f]{4,40}")
+_HEX_COMMIT: Final = re.compile(r"[0-9a-f]{4,40}")
 
 
 def _commit(text: str) -> str:
@@ -828,7 +980,7 @@ def _tagged_event(tag: str, slot: str | None, task: str | None, msg: str) -> Eve
     return IGNORED
 
 
-_JSONL_LEVELS = {"info": "I", "warn": "W", "error": "E", "debug": "D", "cont": None, "none": None}
+_JSONL_LEVELS: Final = {"info": "I", "warn": "W", "error": "E", "debug": "D", "cont": None, "none": None}
 
 
 def parse_line(line: str) -> ParsedLine:
