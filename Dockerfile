@@ -1,9 +1,15 @@
 # llamacpp-exporter: non-root, read-only friendly, one process.
-FROM python:3.12-slim-bookworm
+# The wheel is built where a C compiler is (its hot path compiled by mypyc, setup.py) and
+# installed in the slim image, which has none.
+FROM python:3.12-bookworm AS build
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY exporter ./exporter
-RUN pip install --no-cache-dir . && rm -rf /src \
+RUN pip wheel --no-cache-dir --no-deps -w /wheels .
+
+FROM python:3.12-slim-bookworm
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels \
     && mkdir -p /data && chown 65534:65534 /data   # a new named volume on /data takes this owner
 WORKDIR /
 USER 65534:65534

@@ -9,8 +9,8 @@ alone, CPU microseconds a line:
   the lines that matter, before any event is built;
 - parse: parse.parse_line on every line (typed events, nothing kept);
 - pipeline: the whole hot path (parse, assemble every request, metrics), as the exporter runs it;
-- compiled: the same pipeline with its modules compiled by mypyc (a C extension built in a
-  temporary directory; needs gcc and mypy from the test extras), with --compiled.
+- compiled: the same pipeline as `pip install .` builds it with a C compiler (setup.py: its
+  hot path compiled by mypyc), with --compiled.
 
 Then mtail's wall time on the same file (Debian's mtail, benchmarks/llama_facts.mtail) and the
 budget a line has at twice mtail's speed. Prints figures; not a pass/fail test.
@@ -30,8 +30,9 @@ import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PACKAGE = HERE.parent / "exporter" / "llamacpp_exporter"
 sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests" / "setup"))
+from build_compiled import installed_package  # noqa: E402
 from throughput_vs_mtail import build_log, run  # noqa: E402
 
 # every message the parser makes an event of (parse.py), as one pattern: the lines that matter
@@ -72,15 +73,8 @@ with open(path, encoding="utf-8", errors="replace", newline="\\n") as fh:
 """,
     ),
     "pipeline": (
-        "from prometheus_client import CollectorRegistry\nfrom llamacpp_exporter.pipeline import Pipeline",
-        """
-pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
-process = pl.process_line
-with open(path, encoding="utf-8", errors="replace", newline="\\n") as fh:
-    for line in fh:
-        process(line.rstrip("\\r\\n"), 0.0)
-pl.flush()
-""",
+        "from prometheus_client import CollectorRegistry\nfrom llamacpp_exporter.pipeline import replay",
+        "replay(path, CollectorRegistry())",
     ),
 }
 
@@ -95,24 +89,6 @@ t0 = cpu()
 {body}
 print(cpu() - t0)
 """
-
-# the modules a line passes through (pipeline, parser, assembler and its parts, metrics)
-COMPILED = [
-    "parse",
-    "records",
-    "assemble/logclock",
-    "assemble/assembler",
-    "assemble/finish",
-    "assemble/promptcache",
-    "assemble/cachemirror",
-    "assemble/timeline",
-    "assemble/attribution",
-    "assemble/join",
-    "assemble/lora",
-    "assemble/serverstate",
-    "assemble/classify",
-    "assemble/pseudonyms",
-]
 
 
 def stage_cpu(stage: str, log: Path, pythonpath: str | None = None) -> float:
@@ -130,21 +106,6 @@ def stage_cpu(stage: str, log: Path, pythonpath: str | None = None) -> float:
         check=True,
     )
     return float(out.stdout.split()[-1])
-
-
-def compile_pipeline(tmp: Path) -> str | None:
-    """The package copied to tmp, its hot modules compiled with mypyc: the PYTHONPATH to use."""
-    mypyc = Path(sys.executable).with_name("mypyc")
-    if not mypyc.exists() or shutil.which("gcc") is None:
-        print("compiled: skipped (needs mypyc from the test extras and gcc)")
-        return None
-    shutil.copytree(PACKAGE, tmp / "llamacpp_exporter", ignore=shutil.ignore_patterns("__pycache__"))
-    files = [f"llamacpp_exporter/{m}.py" for m in COMPILED]
-    build = subprocess.run([str(mypyc), *files], cwd=tmp, capture_output=True, text=True)
-    if build.returncode != 0:
-        print(f"compiled: mypyc failed: {build.stdout[-500:]} {build.stderr[-500:]}")
-        return None
-    return str(tmp)
 
 
 def best_of(runs: int, f) -> float:
@@ -170,9 +131,8 @@ def main() -> int:
         for stage in STAGES:
             us[stage] = best_of(args.runs, lambda s=stage: stage_cpu(s, log)) / n * 1e6
         if args.compiled:
-            path = compile_pipeline(d / "compiled")
-            if path:
-                us["compiled"] = best_of(args.runs, lambda: stage_cpu("pipeline", log, path)) / n * 1e6
+            path = str(installed_package(compiler=True))
+            us["compiled"] = best_of(args.runs, lambda: stage_cpu("pipeline", log, path)) / n * 1e6
         if mtail:
             cmd = [mtail, "--one_shot", "--one_shot_format=prometheus", "--logtostderr"]
             cmd += ["--progs", str(HERE / "llama_facts.mtail"), "--logs", str(log)]

@@ -5,7 +5,8 @@ requests of each recording appended again and again to one server process: times
 ids shifted, so the assembler sees one long run), then reads it with Debian's mtail
 (`--one_shot`, benchmarks/llama_facts.mtail: the same per-line facts as our parser), with the
 exporter's whole pipeline (parse, assemble every request, metrics), and with `llamacpp-exporter
-analyze` (the same pipeline, plus its report). Prints lines per second,
+analyze` (the same pipeline, plus its report), each as the pure source and as `pip install .` builds it
+with a C compiler (the hot path compiled by mypyc, setup.py). Prints lines per second,
 CPU seconds, peak memory and the ratio. Not a pass/fail test: absolute figures do not travel
 between machines, the ratio does.
 
@@ -27,6 +28,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LOGS = HERE.parent / "tests" / "fixtures" / "logs"
+sys.path.insert(0, str(HERE.parent / "tests" / "setup"))
+from build_compiled import installed_package  # noqa: E402
+
 # recorded real -lv 4 logs with timestamps: two slots, LoRA and plain requests, cache misses,
 # restores and evictions
 SOURCES = ["lv4-np2-text.log", "lv4-np2-slow-machine.log", "lv4-np1-cache-thrashing.log"]
@@ -75,11 +79,11 @@ def build_log(path: Path, min_lines: int, sources: list[Path] | None = None) -> 
     return n
 
 
-def run(cmd: list[str]) -> tuple[float, float, int, str]:
+def run(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, int, str]:
     """Wall seconds, CPU seconds and peak RSS (KiB) of this one child process, and its output."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env={**os.environ, **env} if env else None)
         _, status, usage = os.wait4(proc.pid, 0)  # this child's own usage, not all children's
         wall = time.perf_counter() - t0
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -90,18 +94,14 @@ def run(cmd: list[str]) -> tuple[float, float, int, str]:
         return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, out.read()
 
 
+# the pipeline reading the file as analyze and a replay do (pipeline.replay)
 REPLAY = """
 import sys
-from prometheus_client import CollectorRegistry, generate_latest
-from llamacpp_exporter.pipeline import Pipeline
-pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
-process = pl.process_line
-with open(sys.argv[1], encoding="utf-8", errors="replace", newline="\\n") as fh:
-    for line in fh:
-        process(line.rstrip("\\r\\n"), 0.0)
-pl.flush()
-restarts = pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total")
-print(pl.records_out, int(restarts))
+import llamacpp_exporter.pipeline as p
+from prometheus_client import CollectorRegistry
+pl = p.replay(sys.argv[1], CollectorRegistry())
+restarts = pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""})
+print(pl.records_out, int(restarts), p.__file__.endswith(".so"))
 """
 
 
@@ -132,18 +132,36 @@ def main() -> int:
             "json",
             "--no-progress",
         ]
-        rows: dict[str, list[tuple[float, float, int]]] = {"mtail": [], "exporter": [], "analyze": []}
+        # the package as `pip install .` builds it with a C compiler (setup.py: mypyc)
+        compiled = {"PYTHONPATH": str(installed_package(compiler=True))}
+        cmds = {
+            "mtail": (mtail_cmd, None),
+            "exporter": (ours_cmd, None),
+            "compiled": (ours_cmd, compiled),
+            "analyze": (analyze_cmd, None),
+            "analyze-c": (analyze_cmd, compiled),
+        }
+        rows: dict[str, list[tuple[float, float, int]]] = {name: [] for name in cmds}
+        seen = {}
         for _ in range(args.runs):  # alternating, so that a busy spell hits all
-            for name, cmd in (("mtail", mtail_cmd), ("exporter", ours_cmd), ("analyze", analyze_cmd)):
-                wall, cpu, rss, out = run(cmd)
+            for name, (cmd, env) in cmds.items():
+                wall, cpu, rss, out = run(cmd, env)
                 rows[name].append((wall, cpu, rss))
-                if name == "exporter":
-                    records, restarts = map(int, out.split())
-                if name == "analyze":
-                    analyzed = json.loads(out)["requests"]["total"]
+                if name in ("exporter", "compiled"):
+                    records, restarts, is_compiled = out.split()
+                    seen[name] = (int(records), int(restarts), is_compiled == "True")
+                if name.startswith("analyze"):
+                    seen[name] = json.loads(out)["requests"]["total"]
         launched = sum(1 for line in open(log) if "processing task, is_child = 0" in line)
-        print(f"exporter: {records} request records of {launched} launched, {restarts} server restarts seen")
-        print(f"analyze (the whole command, report included): {analyzed} requests")
+        for name in ("exporter", "compiled"):
+            records, restarts, is_compiled = seen[name]
+            print(
+                f"{name} ({'compiled by mypyc' if is_compiled else 'pure Python'}): {records} request records "
+                f"of {launched} launched, {restarts} server restarts seen"
+            )
+        print(
+            f"analyze (the whole command, report included): {seen['analyze']} requests; compiled: {seen['analyze-c']}"
+        )
         print(f"{'':10} {'lines/s (best, worst)':>26} {'CPU s (best)':>13} {'peak RSS':>10}")
         best = {}
         for name, r in rows.items():
@@ -153,7 +171,8 @@ def main() -> int:
                 f"{name:10} {n / walls[0]:>12,.0f} {n / walls[-1]:>12,.0f} "
                 f"{min(c for _, c, _ in r):>13.2f} {max(m for _, _, m in r) / 1024:>8.0f} MB"
             )
-        print(f"exporter / mtail: {best['exporter'] / best['mtail']:.2f}x (best runs; target 4x)")
+        print(f"exporter / mtail: {best['exporter'] / best['mtail']:.2f}x pure Python, ", end="")
+        print(f"{best['compiled'] / best['mtail']:.2f}x compiled (best runs; target 2x)")
     return 0
 
 

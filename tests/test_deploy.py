@@ -93,8 +93,8 @@ def test_dockerfile_runs_non_root_and_exposes_the_port():
     user = re.search(r"^USER (\S+)", text, re.M)
     assert user and not user.group(1).startswith(("0", "root"))
     assert "EXPOSE 10938" in text
-    base = re.search(r"^FROM (\S+)", text, re.M).group(1)
-    assert pinned(base)
+    bases = re.findall(r"^FROM (\S+)", text, re.M)  # the build stage and the image
+    assert len(bases) == 2 and all(pinned(b) for b in bases)
 
 
 def _promtool_check_config(path: Path) -> None:

@@ -7,13 +7,14 @@ import pytest
 
 from llamacpp_exporter import parse as p
 from llamacpp_exporter.assemble.attribution import Attribution, lineage_parent
+from llamacpp_exporter.assemble.draft import TaskDraft
 from llamacpp_exporter.assemble.finish import AssemblySettings, Finisher
 from llamacpp_exporter.assemble.join import DeferredQueue
 from llamacpp_exporter.assemble.logclock import RESTART_CONFIRM_LINES, LogClock
 from llamacpp_exporter.assemble.lora import LoraTracker, state
 from llamacpp_exporter.assemble.promptcache import PromptCacheLog, Selection
 from llamacpp_exporter.assemble.serverstate import ServerState
-from llamacpp_exporter.records import RequestRecord, SlotState, TaskDraft
+from llamacpp_exporter.records import RequestRecord, SlotState
 
 
 class Calls:
@@ -317,7 +318,7 @@ def test_a_record_takes_its_drafts_facts_under_the_same_names_and_types():
     import dataclasses
     import typing
 
-    from llamacpp_exporter.records import FACTS_FROM_DRAFT
+    from llamacpp_exporter.assemble.finish import FACTS_FROM_DRAFT
 
     rec_types, draft_types = typing.get_type_hints(RequestRecord), typing.get_type_hints(TaskDraft)
     assert len(FACTS_FROM_DRAFT) >= 26

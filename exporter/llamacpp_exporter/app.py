@@ -7,6 +7,7 @@ a stalled pipeline slows the reader (the file or pipe keeps the data) instead of
 
 from __future__ import annotations
 
+import gc
 import logging
 import platform
 import queue
@@ -25,7 +26,7 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
-from . import __version__
+from . import __version__, pipeline
 from .assemble.assembler import AssemblySettings
 from .assemble.pseudonyms import Pseudonymizer
 from .config import Config, parse_listen_address, position_file, read_api_key, read_salt, redact_url
@@ -279,6 +280,11 @@ class Exporter:
             )
             self.httpd.base_environ["HTTPS"] = "on"
         self.port = self.httpd.server_address[1]
+        # what exists now (modules, the registry, the settings) lives as long as the process:
+        # out of the collector's sight, a full collection (which holds every thread, a scrape
+        # too) scans only what the exporter made since
+        gc.collect()
+        gc.freeze()
         for name, target in (
             ("pipeline", self._process),
             ("log-source", self._source),
@@ -292,12 +298,14 @@ class Exporter:
             self.threads.append(t)
         src = self.cfg.llama.log_command and "command" or self.cfg.llama.log_path or "none"
         log.info(
-            "llamacpp-exporter %s listening on %s:%d, llama-server %s, log source %s",
+            "llamacpp-exporter %s listening on %s:%d, llama-server %s, log source %s, log reading %s",
             __version__,
             host,
             self.port,
             redact_url(self.cfg.llama.url),
             src,
+            # pip install . compiles it where a C compiler is at hand (setup.py)
+            "compiled" if pipeline.__file__.endswith((".so", ".pyd")) else "pure Python",
         )
         if not self.cfg.llama.log_path and not self.cfg.llama.log_command:
             log.warning(

@@ -30,7 +30,9 @@ if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
   echo "setup: creating $ROOT/.venv" >&2
   "$PY" -m venv "$ROOT/.venv"
 fi
-"$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
+# the development install is the pure source (edits take effect at once); tests/test_compiled.py
+# builds the package as `pip install .` does, compiled, and checks it against the source
+LLAMACPP_EXPORTER_COMPILE=0 "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
 
 # The Prometheus Operator's CRD schemas with a validator (kubernetes-models, from the npm registry)
 NODE_DIR="$CACHE/node"

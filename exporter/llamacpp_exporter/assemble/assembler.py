@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .. import parse as p
-from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskDraft, TaskKind
+from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskKind
 from .attribution import Attribution, AttributionSink, continued_tasks, lineage_parent
+from .draft import TaskDraft
 from .finish import AssemblySettings, Finisher
 from .logclock import EPOCH_BACKWARDS_US, LogClock
 from .lora import LoraTracker

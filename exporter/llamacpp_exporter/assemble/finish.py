@@ -10,17 +10,26 @@ frozen RequestRecord. What could not be proven by then stays unknown, never gues
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..config import CacheConfig, Config, ContentionConfig, TakeoverConfig
-from ..records import FACTS_FROM_DRAFT, Contention, RequestRecord, TaskDraft
+from ..records import Contention, RequestRecord
 from . import classify, lora
 from .attribution import JOIN_WAIT_US, Attribution
 from .cachemirror import EvictionNeed, Source
+from .draft import TaskDraft
 from .lora import LoraTracker
 from .timeline import PrefillTimeline, union_us
 
 MAX_PENDING = 256
+
+# A record is its draft's facts, under the same names, plus the verdict derived here (the
+# record's other fields). The list is made from the two classes, never written out.
+FACTS_FROM_DRAFT = tuple(
+    f.name
+    for f in fields(RequestRecord)
+    if f.name in {g.name for g in fields(TaskDraft)} and f.name != "conversation"  # the draft's is (name, source)
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from .. import parse as p
-from ..records import TaskDraft, selection_path
+from ..records import selection_path
 from .cachemirror import CacheMirror, Source
+from .draft import TaskDraft
 
 MIB = 1048576.0
 # An entry this long or longer that a prompt contains whole is that prompt's own history: a
