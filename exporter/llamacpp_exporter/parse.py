@@ -1003,6 +1003,10 @@ def _parse_line(line: str) -> ParsedLine:
         stamp, tag, slot, task = m.groups()
         v = int(stamp.replace(".", ""))
         return ParsedLine(v - v // 100_000_000 * 40_000_000, _tagged_event(tag, slot, task, line[m.end() :]))
+    if line[:1] == "\t" and "\x1b" not in line and "\ufffd" not in line and _CONTROL.search(line) is None:
+        # a continuation line (the sampler settings under each request's "sampler params"):
+        # what the general path makes of it, without its other checks
+        return ParsedLine(None, IGNORED, bare=True)
     return _parse_general(line)
 
 

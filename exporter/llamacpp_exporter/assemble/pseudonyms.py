@@ -3,7 +3,6 @@ salted HMAC before anything else sees it, so no label, record or file holds the 
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 
@@ -17,4 +16,4 @@ class Pseudonymizer:
         self._key = (salt or secrets.token_hex(32)).encode()
 
     def __call__(self, raw: str) -> str:
-        return "c" + hmac.new(self._key, raw.encode("utf-8", "replace"), hashlib.sha256).hexdigest()[:12]
+        return "c" + hmac.digest(self._key, raw.encode("utf-8", "replace"), "sha256").hex()[:12]

@@ -99,7 +99,10 @@ class _GaugeValues(_CounterValues):
     metric_family = GaugeMetricFamily
 
 
-_HistogramChild = tuple[list[float], list[Exemplar | None], list[float]]
+# an exemplar as (labels, value, time): made an Exemplar (a NamedTuple, built in the
+# interpreter) only when its child is rendered, not at every observation
+_ExemplarParts = tuple[dict[str, str], float, float]
+_HistogramChild = tuple[list[float], list[_ExemplarParts | None], list[float]]
 
 
 class _HistogramValues:
@@ -128,7 +131,7 @@ class _HistogramValues:
         if value <= math.inf:  # not NaN: the first bucket whose bound is >= the value
             i = bisect.bisect_left(self.bounds, value)
             counts[i] += 1
-            exemplars[i] = Exemplar(exemplar, value, time.time())
+            exemplars[i] = (exemplar, value, time.time())
 
     def _family(self, children: Iterable[tuple[tuple[str, ...], _HistogramChild]]) -> Metric:
         f = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
@@ -137,7 +140,7 @@ class _HistogramValues:
             buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
             for le, n, ex in zip(self.le, counts, exemplars, strict=True):
                 acc += n
-                buckets.append((le, acc) if ex is None else (le, acc, ex))
+                buckets.append((le, acc) if ex is None else (le, acc, Exemplar(*ex)))
             f.add_metric(key, buckets, total[0])
         return f
 
