@@ -726,6 +726,8 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
             m = _RE_CLEAR_PROMPT.match(msg)
             if m:
                 return SlotPromptCleared(slot, int(m.group(1)))
+        elif msg.startswith(("created context checkpoint", "checking checkpoint")):
+            return IGNORED  # SWA models log these at every prompt batch
     elif c == "p":
         if msg.startswith("prompt eval time"):
             m = _RE_PROMPT_TIMING.match(msg)

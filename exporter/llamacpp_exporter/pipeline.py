@@ -284,7 +284,7 @@ class Pipeline:
 
     def _line(self, line: str, t: float, now_us: int) -> None:
         try:
-            parsed = _parse_line(line)
+            parsed = parse._parse_line(line)  # parse_line without its guard: this is one
         except Exception:  # a parser bug costs one line, never the exporter (parse.parse_line)
             parsed = _UNRECOGNIZED
         if parsed.bare:
@@ -345,7 +345,6 @@ class Pipeline:
 
 _CONTINUATION = parse.ParsedLine(None, parse.IGNORED, bare=True)
 _UNRECOGNIZED = parse.ParsedLine(None, parse.UNRECOGNIZED)
-_parse_line = parse._parse_line  # parse_line without its guard: process_line has its own
 
 _ROUTER_EVENTS = frozenset(
     {
