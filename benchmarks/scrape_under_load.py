@@ -23,7 +23,9 @@ from realserver import free_port  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--copies", type=int, default=60, help="copies of the recorded 33k-line log (default 60)")
+    ap.add_argument(
+        "--copies", type=int, default=120, help="copies of the recorded 33k-line log (default 120: hundreds of scrapes)"
+    )
     args = ap.parse_args()
     log = (ROOT / "tests/fixtures/logs/lv4-np2-text.log").read_text()
     with tempfile.TemporaryDirectory() as d:

@@ -33,7 +33,7 @@ from .config import Config, parse_listen_address, position_file, read_api_key, r
 from .export.conversations import ConversationCosts
 from .export.events import written_records
 from .export.exposition import ExpositionRegistry
-from .export.http import QuietHandler, ThreadingWSGIServer, V6ThreadingWSGIServer, make_app
+from .export.http import Answering, QuietHandler, ThreadingWSGIServer, V6ThreadingWSGIServer, make_app
 from .export.web_config import load_web_config
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
@@ -57,6 +57,9 @@ POSITION_SAVE_INTERVAL = 1.0  # seconds; and at every orderly stop
 _STOP = object()
 _OVERSIZED = object()
 QUIET_SECONDS = 0.5
+# at most this long a batch of lines waits for a scrape being rendered (a slow one never stalls
+# the pipeline for longer)
+YIELD_TO_SCRAPE_SECONDS = 0.05
 _CATCH_UP = object()  # the lines that follow were written before the exporter started
 _CAUGHT_UP = object()
 LINE_BATCH = 512  # lines per queue item: a queue put and get per batch, not per line
@@ -130,6 +133,7 @@ class Exporter:
             top_n=cfg.conversations.top,
             max_conversations=cfg.conversations.max_tracked,
         )
+        self.answering = Answering()  # scrapes being rendered: the pipeline lets them go first
         self.pipeline = Pipeline(
             self.registry,
             AssemblySettings.from_config(cfg),
@@ -239,6 +243,8 @@ class Exporter:
             if item is _STOP:
                 break
             if isinstance(item, list):
+                # a scrape being rendered goes first (a catch-up's batches can wait)
+                self.answering.idle.wait(YIELD_TO_SCRAPE_SECONDS)
                 pl.process_lines(item)
             elif isinstance(item, SlotsSnapshot):
                 pl.process_snapshot(item)
@@ -269,7 +275,7 @@ class Exporter:
         self.httpd = make_server(
             host,
             port,
-            make_app(self.registry, self.cfg, self.costs, self.not_running, security),
+            make_app(self.registry, self.cfg, self.costs, self.not_running, security, self.answering),
             server_class=server_class,
             handler_class=QuietHandler,
         )

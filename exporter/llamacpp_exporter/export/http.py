@@ -58,6 +58,29 @@ class _FastSwitching:
                 sys.setswitchinterval(self._normal)
 
 
+class Answering:
+    """Scrapes being rendered now (not idle kept-alive connections). The pipeline thread waits
+    for them between batches of lines (bounded by its own timeout), so that a scrape while the
+    exporter catches up on a long log does not share the interpreter with it at every step."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+        self.idle = threading.Event()
+        self.idle.set()
+
+    def __enter__(self) -> None:
+        with self._lock:
+            self._n += 1
+            self.idle.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._n -= 1
+            if self._n == 0:
+                self.idle.set()
+
+
 class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog: socketserver's 5 drops connections under a burst of scrapes
@@ -176,8 +199,10 @@ def make_app(
     costs: ConversationCosts | None = None,
     ready: Callable[[], list[str]] | None = None,
     security: WebSecurity | None = None,
+    answering: Answering | None = None,
 ):
     metrics_app = make_metrics_app(registry)
+    answering = answering or Answering()
     page = landing_page(cfg)
     telemetry = cfg.web.telemetry_path
 
@@ -190,14 +215,20 @@ def make_app(
             return [b"Unauthorized\n"]
         path = environ.get("PATH_INFO", "/")
         if path == telemetry:
-            return metrics_app(environ, start_response)
+            with answering:
+                return metrics_app(environ, start_response)
         if path == "/":
             start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
             return [page]
         if path == "/api/v1/conversations" and costs is not None:
-            body = json.dumps(
-                {"window_seconds": costs.window, "conversations": costs.snapshot(), "contention": costs.contention()}
-            ).encode()
+            with answering:
+                body = json.dumps(
+                    {
+                        "window_seconds": costs.window,
+                        "conversations": costs.snapshot(),
+                        "contention": costs.contention(),
+                    }
+                ).encode()
             start_response("200 OK", [("Content-Type", "application/json")])
             return [body]
         if path in ("/-/healthy", "/healthz"):
