@@ -64,9 +64,13 @@ def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path):
     assert gave_up >= 3 and server_log.count("cancel task") >= 1  # the contention happened
     assert impatient_done >= 3  # short requests of other clients, with ids, among the chats
     assert wrong == 0
-    # 88-97% in four runs on a 2-core machine: see test_join's starved recording for what stays
-    # uncertain and why; the issue's own recording names 38 of 38
-    assert right >= 0.85 * len(pairs)
+    # How many are named depends on the server's idle moments, which this workload does not
+    # fix: 88-97% in four runs when it was recorded slow (test_join's starved recording, 30 of
+    # 34), 5 of 34 in three runs on 2026-12-02 where the server never idled after the first
+    # give-up (test_join's never-idle recording). Those two recordings pin the join's figures;
+    # here, on whatever timing this machine gives: never wrong, live equal to replay, and named
+    # or uncertain, each request.
+    assert right >= 1 and right + uncertain == len(pairs)
     # a replay of the finished log (analyze, the same pipeline) names the same conversations
     replayed = [
         json.loads(json.dumps(r.to_event())) for r in analyze(Inputs([str(srv.log_path)], []), pseudonymize=ps).records

@@ -90,8 +90,10 @@ def test_streaming_clients_see_the_time_to_first_token_and_latency_the_exporter_
         assert -0.03 <= row["ttft"] - ttft <= slack, row["conv"]
         assert -0.03 <= row["e2e"] - e2e <= slack, row["conv"]
     assert len(known) >= 4, f"{len(known)} of {len(pairs)} known"
-    # one slot: the later requests of each round waited for the first, as their clients saw
-    waited = [r["queue_seconds"] for row, r in known if row["ttft"] > 2 * row["prompt_ms"] / 1000 + 0.3]
-    assert waited and all(w > 0.3 for w in waited), waited
+    # one slot: the later requests of each round waited for the first. Those whose clients saw
+    # over half a second more than their own prefill before the first token waited (the TTFT
+    # checks above hold the exporter's queue to the client's clock): at least 0.3 s of queue
+    waited = [r["queue_seconds"] for row, r in known if row["ttft"] - row["prompt_ms"] / 1000 > 0.5]
+    assert len(waited) >= 2 and all(w > 0.3 for w in waited), waited
     observed = sum(r["queue_seconds"] is not None for r in recs)  # the warm-up's too
     assert f'llamacpp_time_to_first_token_seconds_count{{model=""}} {float(observed)}' in text
