@@ -1,7 +1,7 @@
 """Scrape latency while the exporter replays a large log at full speed: scrapes are served by
 their own threads and must not queue behind the pipeline. Prints p50, p99 and max.
 
-    .venv/bin/python benchmarks/scrape_under_load.py [--copies 60]
+    .venv/bin/python benchmarks/scrape_under_load.py [--copies 2400]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from realserver import free_port  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
-        "--copies", type=int, default=120, help="copies of the recorded 33k-line log (default 120: hundreds of scrapes)"
+        "--copies", type=int, default=2400, help="copies of the recorded 1,674-line log (default 2400: 4 million lines)"
     )
     args = ap.parse_args()
     log = (ROOT / "tests/fixtures/logs/lv4-np2-text.log").read_text()
@@ -48,7 +48,7 @@ def main() -> None:
                     time.sleep(0.05)
             lat, read = [], 0.0
             with httpx.Client(timeout=30) as c:
-                t_end = time.monotonic() + 120
+                t_end = time.monotonic() + 600
                 while time.monotonic() < t_end:
                     t0 = time.monotonic()
                     text = c.get(url).text

@@ -7,7 +7,6 @@ a stalled pipeline slows the reader (the file or pipe keeps the data) instead of
 
 from __future__ import annotations
 
-import gc
 import logging
 import platform
 import queue
@@ -286,11 +285,6 @@ class Exporter:
             )
             self.httpd.base_environ["HTTPS"] = "on"
         self.port = self.httpd.server_address[1]
-        # what exists now (modules, the registry, the settings) lives as long as the process:
-        # out of the collector's sight, a full collection (which holds every thread, a scrape
-        # too) scans only what the exporter made since
-        gc.collect()
-        gc.freeze()
         for name, target in (
             ("pipeline", self._process),
             ("log-source", self._source),
