@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from support import value
@@ -63,6 +63,41 @@ def test_the_inner_parser_never_raises_on_any_text(line):
 @given(mutated_line())
 def test_the_inner_parser_never_raises_on_mutated_real_lines(line):
     assert p._parse_line(line).event is not None
+
+
+@FUZZ
+@given(mutated_line())
+def test_the_usual_line_is_read_as_the_general_path_reads_it(line):
+    """parse._usual_line reads the usual line a character at a time; on any line without
+    control characters (which only the general path looks for) it must give what the general
+    path's regular expressions give: the timestamp, the level, the tag, the ids and the event."""
+    assume(p._CONTROL.search(line) is None and "\ufffd" not in line and "\x1b" not in line)
+    assert p._parse_line(line) == p._parse_general(line)
+
+
+def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_reads_it():
+    """Every edit of one character of the prefix (dropped, doubled, or replaced by a digit, the
+    characters either side of the digits, a space, a sign, a dot, a letter, a tab, a newline or
+    a non-ASCII digit) of a real line of each shape: where reading a character at a time would
+    slip, at a boundary of the prefix."""
+    shapes = [  # real lines (lv4-np2-text.log, lv3-np2-text.log)
+        "0.13.964.349 I slot launch_slot_: id  0 | task 34 | processing task, is_child = 0",
+        "0.14.943.252 I slot      release: id  0 | task 34 | stop processing: n_tokens = 368, truncated = 0",
+        "0.01.118.912 I slot get_availabl: id  1 | task -1 | selected slot by LRU, t_last = -1",
+        "0.01.108.192 I srv        update:  - cache state: 0 prompts, 0.000 MiB (limits: 512.000 MiB, 16384 tokens, "
+        "536870912 est)",
+        "0.00.007.754 W srv  llama_server: security: no API key is set and CORS allows all origins",
+    ]
+    for line in shapes:
+        assert p._usual_line(line) is not None  # the real shape takes the usual path
+        prefix = line.index(" | ", line.index("task")) + 3 if "task" in line else line.index(": ") + 2
+        for i in range(min(prefix + 2, len(line))):
+            for edited in (
+                line[:i] + line[i + 1 :],
+                line[:i] + line[i] + line[i:],
+                *(line[:i] + c + line[i + 1 :] for c in "0/: -.x\t\n\u0663"),
+            ):
+                assert p._parse_line(edited) == p._parse_general(edited), edited
 
 
 def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch):

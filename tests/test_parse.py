@@ -120,6 +120,20 @@ def test_jsonl_real_record():
 
 def test_multiline_continuation_is_ignored():
     assert isinstance(p.parse_line("\trepeat_last_n = 64, repeat_penalty = 1.000").event, p.Ignored)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [  # invented variants of a real continuation line
+        "\trepeat_last_n = 64, repeat_penalty = 1.000",
+        "\trepeat_last_n = 64,\trepeat_penalty = 1.000",  # another tab: not printable, no control character
+        "\trepeat_last_n = 64, repeat\u00a0penalty",  # a no-break space: not printable either
+        "\trepeat_last_n = 64\x01",  # a control character: unreadable
+        "\trepeat_last_n = 64\x7f",
+    ],
+)
+def test_a_continuation_line_is_read_as_the_general_path_reads_it(line):
+    assert p._parse_line(line) == p._parse_general(line)
     assert isinstance(p.parse_line("<|im_start|>user").event, p.Ignored)
 
 

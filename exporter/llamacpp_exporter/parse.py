@@ -619,10 +619,6 @@ _ROUTER: Final = re.compile(r"^\[ *\d{1,5}\] ")
 _PREFIX: Final = re.compile(r"^(?:(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) )?([IWED]) ")
 # tag, function column (12 chars, right aligned) and, for slot lines, the ids
 _TAGGED: Final = re.compile(r"^(slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?")
-# the usual whole line at once: timestamp, level (not D), tag, function, ids (the hot path)
-_TEXT_LINE: Final = re.compile(
-    r"(\d+\.\d\d\.\d\d\d\.\d\d\d) [IWE] (slot|srv |que |res |cmn |spec) .{12}: (?:id +(\d+) \| task (-?\d+) \| )?"
-)
 
 _FLOAT: Final = r"(-?\d+(?:\.\d+)?)"
 
@@ -960,14 +956,17 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
                 return ParsedLine(ts_us, ServerBuild(int(b.group(1)), _commit(b.group(2))))
         return ParsedLine(ts_us, IGNORED)
     tag, slot, task = m.groups()
-    return ParsedLine(ts_us, _tagged_event(tag, slot, task, text[m.end() :]))
+    if slot is None or task is None:
+        return ParsedLine(ts_us, _tagged_event(tag, -1, 0, text[m.end() :]))
+    return ParsedLine(ts_us, _tagged_event(tag, int(slot), int(task), text[m.end() :]))
 
 
-def _tagged_event(tag: str, slot: str | None, task: str | None, msg: str) -> Event:
+def _tagged_event(tag: str, slot: int, task: int, msg: str) -> Event:
+    """slot -1: the line carries no ids."""
     if tag == "slot":
-        if slot is None or task is None:
+        if slot < 0:
             return UNRECOGNIZED
-        return _slot_event(int(slot), int(task), msg)
+        return _slot_event(slot, task, msg)
     if tag == "srv ":
         return _srv_event(msg)
     if tag == "cmn ":
@@ -994,22 +993,110 @@ def parse_line(line: str) -> ParsedLine:
 
 
 def _parse_line(line: str) -> ParsedLine:
-    m = _TEXT_LINE.match(line)
-    if m is not None and "\ufffd" not in line and "\x00" not in line and "\x1b" not in line:
-        # the usual text line, in one match. Its prefix makes it the server's own line: the
-        # general path's check for control characters (a character at a time, the hot path's
-        # largest single cost) is left to lines without one, as are colours, holes (NUL) and
-        # bytes that were not UTF-8. "M.SS.mmm.uuu" read as one number is minutes * 10^8 plus
-        # the microseconds of the minute.
-        stamp: str  # typed: compiled, read as a str natively
-        stamp, tag, slot, task = m.groups()
-        v = int(stamp.replace(".", ""))
-        return ParsedLine(v - v // 100_000_000 * 40_000_000, _tagged_event(tag, slot, task, line[m.end() :]))
-    if line[:1] == "\t" and "\x1b" not in line and "\ufffd" not in line and _CONTROL.search(line) is None:
-        # a continuation line (the sampler settings under each request's "sampler params"):
-        # what the general path makes of it, without its other checks
-        return ParsedLine(None, IGNORED, bare=True)
+    if "\ufffd" not in line and "\x00" not in line and "\x1b" not in line:
+        parsed = _usual_line(line)
+        if parsed is not None:
+            return parsed
+        if line[:1] == "\t" and (line[1:].isprintable() or _CONTROL.search(line) is None):
+            # a continuation line (the sampler settings under each request's "sampler params"):
+            # what the general path makes of it, without its other checks (a printable line has
+            # no control character: the search only where it may find one)
+            return ParsedLine(None, IGNORED, bare=True)
     return _parse_general(line)
+
+
+def _usual_line(line: str) -> ParsedLine | None:
+    """The usual text line, read a character at a time, or None for the general path: what
+    _PREFIX and then _TAGGED match, for a timestamp of ASCII digits and a level other than D
+
+        M.SS.mmm.uuu L tag  function____: id  S | task T | message
+
+    (the ids on slot lines only). Its prefix makes it the server's own line: the general path's
+    check for control characters is left to lines without one, as are colours, holes (NUL) and
+    bytes that were not UTF-8. By character, not by a regular expression: this runs for every
+    line, and compiled (setup.py) a character costs a few machine instructions where a match
+    costs thousands. tests/test_parse.py holds it to the general path, line for line."""
+    n = len(line)
+    i = 0
+    minutes = 0
+    while i < n:
+        c = ord(line[i])
+        if c < 48 or c > 57:
+            break
+        minutes = minutes * 10 + c - 48
+        i += 1
+    # ".SS.mmm.uuu L tag  " and the function column (12 characters), then ": "
+    if i == 0 or i + 33 > n:
+        return None
+    s1, s2 = ord(line[i + 1]), ord(line[i + 2])
+    m1, m2, m3 = ord(line[i + 4]), ord(line[i + 5]), ord(line[i + 6])
+    u1, u2, u3 = ord(line[i + 8]), ord(line[i + 9]), ord(line[i + 10])
+    if not (
+        ord(line[i]) == 46  # .
+        and ord(line[i + 3]) == 46
+        and ord(line[i + 7]) == 46
+        and ord(line[i + 11]) == 32
+        and 48 <= s1 <= 57
+        and 48 <= s2 <= 57
+        and 48 <= m1 <= 57
+        and 48 <= m2 <= 57
+        and 48 <= m3 <= 57
+        and 48 <= u1 <= 57
+        and 48 <= u2 <= 57
+        and 48 <= u3 <= 57
+    ):
+        return None
+    # the microseconds of the minute: the digits' weights sum to 11,111,111, each digit less 48
+    ts = (
+        minutes * 60_000_000
+        + (s1 * 10 + s2) * 1_000_000
+        + (m1 * 100 + m2 * 10 + m3) * 1000
+        + u1 * 100
+        + u2 * 10
+        + u3
+        - 533_333_328
+    )
+    i += 12
+    level = ord(line[i])
+    if (level != 73 and level != 87 and level != 69) or ord(line[i + 1]) != 32 or ord(line[i + 6]) != 32:  # I W E
+        return None
+    tag = line[i + 2 : i + 6]
+    if tag != "slot" and tag != "srv " and tag != "cmn " and tag != "que " and tag != "res " and tag != "spec":
+        return None
+    j = i + 19
+    if ord(line[j]) != 58 or ord(line[j + 1]) != 32 or line.find("\n", i + 7, j) >= 0:  # ": ", "." is no newline
+        return None
+    j += 2
+    if j + 3 <= n and ord(line[j]) == 105 and ord(line[j + 1]) == 100 and ord(line[j + 2]) == 32:  # "id "
+        # "id +(\d+) \| task (-?\d+) \| ", or no ids at all
+        k = j + 3
+        while k < n and ord(line[k]) == 32:
+            k += 1
+        first = k
+        slot = 0
+        while k < n:
+            c = ord(line[k])
+            if c < 48 or c > 57:
+                break
+            slot = slot * 10 + c - 48
+            k += 1
+        if k > first and line[k : k + 8] == " | task ":
+            k += 8
+            negative = k < n and ord(line[k]) == 45  # -
+            if negative:
+                k += 1
+            first = k
+            task = 0
+            while k < n:
+                c = ord(line[k])
+                if c < 48 or c > 57:
+                    break
+                task = task * 10 + c - 48
+                k += 1
+            if k > first and line[k : k + 3] == " | ":
+                return ParsedLine(ts, _tagged_event(tag, slot, -task if negative else task, line[k + 3 :]))
+        return None  # not the usual ids (other digits than ASCII ones, say): the general path's
+    return ParsedLine(ts, _tagged_event(tag, -1, 0, line[j:]))
 
 
 def _parse_general(line: str) -> ParsedLine:
