@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import Final
 
 from prometheus_client import CollectorRegistry
 
@@ -27,15 +28,7 @@ from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 log = logging.getLogger(__name__)
 
 # llama.cpp builds whose recorded logs are in tests/fixtures/logs/builds/ (tests/test_builds.py)
-TESTED_BUILDS = (10950, 11200, 11434)
-
-_RESULT = {
-    parse.Ignored: "ignored",
-    parse.Unrecognized: "unrecognized",
-    parse.Unreadable: "unreadable",
-    parse.DebugLine: "ignored",
-}
-
+TESTED_BUILDS: Final = (10950, 11200, 11434)
 
 class _Facts:
     """One server process's line-level facts (a plain server's, or one child of a router):
@@ -296,7 +289,14 @@ class Pipeline:
             self._prefixed = True
         m = self.metrics
         kind = type(parsed.event)
-        m.lines[_RESULT.get(kind, "parsed")] += 1
+        if kind is parse.Ignored or kind is parse.DebugLine:
+            m.ignored_lines += 1
+        elif kind is parse.Unrecognized:
+            m.unrecognized_lines += 1
+        elif kind is parse.Unreadable:
+            m.unreadable_lines += 1
+        else:
+            m.parsed_lines += 1
         m.last_line_time = t
         try:
             if parsed.child is not None:
@@ -320,7 +320,7 @@ class Pipeline:
             self.metrics.internal_error()
 
     def oversized_line(self) -> None:
-        self.metrics.line_read("oversized")
+        self.metrics.oversized_line_read()
 
     def process_snapshot(self, snap: SlotsSnapshot) -> None:
         try:
@@ -343,10 +343,10 @@ class Pipeline:
             self.events.close()
 
 
-_CONTINUATION = parse.ParsedLine(None, parse.IGNORED, bare=True)
-_UNRECOGNIZED = parse.ParsedLine(None, parse.UNRECOGNIZED)
+_CONTINUATION: Final = parse.ParsedLine(None, parse.IGNORED, bare=True)
+_UNRECOGNIZED: Final = parse.ParsedLine(None, parse.UNRECOGNIZED)
 
-_ROUTER_EVENTS = frozenset(
+_ROUTER_EVENTS: Final = frozenset(
     {
         parse.RouterStarted,
         parse.ModelAvailable,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .. import parse as p
 from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskKind
@@ -30,7 +30,7 @@ from .timeline import PrefillTimeline
 
 __all__ = ["AssemblySettings", "Assembler", "Sink"]
 
-QUIET_MARGIN_US = 1_000_000
+QUIET_MARGIN_US: Final = 1_000_000
 
 
 class Sink(CacheSink, ServerSink, AttributionSink, Protocol):
@@ -449,7 +449,7 @@ class Assembler:
 
 # Events after which a waiting record may be complete: a prefill ended, a task launched or was
 # cancelled (the join), a task ended. Checking only then keeps the hot path short.
-_UNBLOCKING = frozenset(
+_UNBLOCKING: Final = frozenset(
     {
         p.TaskLaunched,
         p.TaskReleased,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Final, Protocol
 
 from .. import parse as p
 from ..records import JoinSource, RequestRecord
@@ -21,18 +21,18 @@ from .promptcache import CONTAINED_MIN_TOKENS, Selection
 TaskKey = tuple[int, int]  # (epoch, task)
 Conversation = tuple[str | None, JoinSource]  # (pseudonym or None, source)
 
-MAX_TASKS = 4096
-MAX_EVICTED = 4096  # conversations whose RAM-cache entry was evicted, not yet back
+MAX_TASKS: Final = 4096
+MAX_EVICTED: Final = 4096  # conversations whose RAM-cache entry was evicted, not yet back
 # A record waits at most this long (log time after its end) for its conversation, then goes out
 # "uncertain"; a conversation proven later still reaches the conversation series.
-JOIN_WAIT_US = 5_000_000
-LATE_PROOF_US = 300_000_000  # how long after its end a record's conversation may still be proven
-EVICTION_WAIT_US = 60_000_000  # how long an eviction waits to learn whose entry it was
-MAX_LATE = 1024
+JOIN_WAIT_US: Final = 5_000_000
+LATE_PROOF_US: Final = 300_000_000  # how long after its end a record's conversation may still be proven
+EVICTION_WAIT_US: Final = 60_000_000  # how long an eviction waits to learn whose entry it was
+MAX_LATE: Final = 1024
 # A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
 # conversations that merely share a system prompt keep less of each other.
-LINEAGE_MIN_F_KEEP = 0.9
-CONTINUATION_F_KEEP = 0.9995  # printed as 1.000: the slot's whole state is a prefix of the prompt
+LINEAGE_MIN_F_KEEP: Final = 0.9
+CONTINUATION_F_KEEP: Final = 0.9995  # printed as 1.000: the slot's whole state is a prefix of the prompt
 
 
 class AttributionSink(Protocol):

@@ -27,12 +27,13 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 Source = tuple[int, int]  # (epoch, task) that computed an entry
 
-CURVE_MAX_FACTOR = 4.0  # ghosts are followed up to four times the limit (the curve's range)
-MAX_GHOSTS = 1024  # evicted entries followed at once; the oldest beyond it become unknown
-MAX_BEYOND = 4096  # evicted entries known to need more than CURVE_MAX_FACTOR x the limit
+CURVE_MAX_FACTOR: Final = 4.0  # ghosts are followed up to four times the limit (the curve's range)
+MAX_GHOSTS: Final = 1024  # evicted entries followed at once; the oldest beyond it become unknown
+MAX_BEYOND: Final = 4096  # evicted entries known to need more than CURVE_MAX_FACTOR x the limit
 
 
 @dataclass(slots=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Final
 
 from ..config import CacheConfig, Config, ContentionConfig, TakeoverConfig
 from ..records import Contention, RequestRecord
@@ -21,11 +22,11 @@ from .draft import TaskDraft
 from .lora import LoraTracker
 from .timeline import PrefillTimeline, union_us
 
-MAX_PENDING = 256
+MAX_PENDING: Final = 256
 
 # A record is its draft's facts, under the same names, plus the verdict derived here (the
 # record's other fields). The list is made from the two classes, never written out.
-FACTS_FROM_DRAFT = tuple(
+FACTS_FROM_DRAFT: Final = tuple(
     f.name
     for f in fields(RequestRecord)
     if f.name in {g.name for g in fields(TaskDraft)} and f.name != "conversation"  # the draft's is (name, source)

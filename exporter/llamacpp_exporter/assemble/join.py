@@ -110,28 +110,29 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Final
 
-HEADER = "header"  # the request carried this conversation id
-NONE = "none"  # the request carried no id (cache lineage decides)
-UNCERTAIN = "uncertain"  # the log cannot prove which request this task was
+HEADER: Final = "header"  # the request carried this conversation id
+NONE: Final = "none"  # the request carried no id (cache lineage decides)
+UNCERTAIN: Final = "uncertain"  # the log cannot prove which request this task was
 
 # Between its arrival line and its id a request only tokenizes its prompt (rule 2): milliseconds
 # in every recorded run, tens of them on a starved machine. Past this bound the join takes it
 # that the request has its id.
-ID_DELAY_US = 5_000_000
+ID_DELAY_US: Final = 5_000_000
 # Between the line that proves a request took its id and the post of its task the HTTP thread
 # only reads the request's parameters (microseconds): a request settled this long before an
 # "all slots are idle" line has been tried by then.
-POSTED_AFTER_US = 500_000
+POSTED_AFTER_US: Final = 500_000
 # A task the log has not settled this long (log time) after its launch is left uncertain, so that on a
 # server that is never idle the oldest history can be forgotten (see _prune)
-OPEN_FOR_US = 300_000_000
-STALE_ARRIVAL_US = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
-MAX_ARRIVALS = 1024  # history bound; past it the join drops its history and realigns when idle
-MAX_RESULTS = 8192
+OPEN_FOR_US: Final = 300_000_000
+STALE_ARRIVAL_US: Final = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
+MAX_ARRIVALS: Final = 1024  # history bound; past it the join drops its history and realigns when idle
+MAX_RESULTS: Final = 8192
 # A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
 # came within this of each other: the midpoint is then at most half of it off.
-QUEUE_SPREAD_US = 50_000
+QUEUE_SPREAD_US: Final = 50_000
 
 
 @dataclass(slots=True)
@@ -168,7 +169,7 @@ class _World:
         )
 
 
-MAX_WORLDS = 256  # past this many ways the queue can be, only bounds are kept
+MAX_WORLDS: Final = 256  # past this many ways the queue can be, only bounds are kept
 
 
 class DeferredQueue:

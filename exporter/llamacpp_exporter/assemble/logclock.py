@@ -10,10 +10,12 @@ back where it was before it; that line was the stray.
 
 from __future__ import annotations
 
+from typing import Final
+
 from .. import parse as p
 
-EPOCH_BACKWARDS_US = 1_000  # timestamps are taken at queue time and never go back within a process
-RESTART_CONFIRM_LINES = 3  # lines in the earlier time (or the start banner) that make a restart
+EPOCH_BACKWARDS_US: Final = 1_000  # timestamps are taken at queue time and never go back within a process
+RESTART_CONFIRM_LINES: Final = 3  # lines in the earlier time (or the start banner) that make a restart
 
 
 class LogClock:

@@ -9,13 +9,14 @@ way the server compares them.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Final
 
 from ..records import LoraState
 
 Scales = tuple[tuple[int, float], ...]  # (adapter id, scale)
 TaskKey = tuple[int, int]  # (epoch, task)
 
-MAX_TASKS = 4096
+MAX_TASKS: Final = 4096
 
 
 class LoraTracker:

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Final, Protocol
 
 from .. import parse as p
 from ..records import selection_path
 from .cachemirror import CacheMirror, Source
 from .draft import TaskDraft
 
-MIB = 1048576.0
+MIB: Final = 1048576.0
 # An entry this long or longer that a prompt contains whole is that prompt's own history: a
 # short one (a chat template's first tokens, a one-line probe) could be anyone's prefix.
-CONTAINED_MIN_TOKENS = 32
+CONTAINED_MIN_TOKENS: Final = 32
 
 
 class CacheSink(Protocol):
@@ -201,6 +201,6 @@ class PromptCacheLog:
 
 
 # Lines between "saving prompt" and the moment the entry is pushed (alloc's own removals)
-_PART_OF_SAVE = frozenset({p.PromptSaveSkipped, p.ObsoleteEntryRemoved, p.CacheEvicted})
+_PART_OF_SAVE: Final = frozenset({p.PromptSaveSkipped, p.ObsoleteEntryRemoved, p.CacheEvicted})
 # Lines a request's HTTP thread logs, at any moment, in the middle of the main loop's lines
-_HTTP_THREAD_LINES = frozenset({p.ConversationArrived, p.RequestParamsRead, p.TaskCancelled})
+_HTTP_THREAD_LINES: Final = frozenset({p.ConversationArrived, p.RequestParamsRead, p.TaskCancelled})

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Final
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-MAX_MODELS = 64  # label values; models past this are "other"
-UNKNOWN = "unknown"  # a child whose spawn line the exporter never read
-OTHER = "other"
-_LABEL_SAFE = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
+MAX_MODELS: Final = 64  # label values; models past this are "other"
+UNKNOWN: Final = "unknown"  # a child whose spawn line the exporter never read
+OTHER: Final = "other"
+_LABEL_SAFE: Final = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
 
 
 class ChildNames:

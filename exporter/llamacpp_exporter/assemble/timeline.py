@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
-MAX_PREFILL_HISTORY = 32  # per slot: decodes never last longer than the last few prefills
+MAX_PREFILL_HISTORY: Final = 32  # per slot: decodes never last longer than the last few prefills
 
 
 @dataclass(slots=True)

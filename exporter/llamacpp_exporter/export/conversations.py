@@ -18,15 +18,15 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ..records import RequestRecord
 
-OTHER = "other"
-BUCKET_SECONDS = 60
+OTHER: Final = "other"
+BUCKET_SECONDS: Final = 60
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -35,9 +36,9 @@ from ..records import (
 from .exposition import Encoding, RenderedChildren, render_families
 
 # the larger caches the live capacity figures are for (analyze gives the whole curve)
-LARGER_CACHE_LABELS = {"2x": 2.0, "4x": 4.0}
+LARGER_CACHE_LABELS: Final = {"2x": 2.0, "4x": 4.0}
 
-PREFILL_SECONDS_BUCKETS = (
+PREFILL_SECONDS_BUCKETS: Final = (
     0.005,
     0.01,
     0.025,
@@ -56,12 +57,12 @@ PREFILL_SECONDS_BUCKETS = (
     300,
     600,
 )
-PREFILL_TOKENS_BUCKETS = tuple(float(2**i) for i in range(18))  # 1 .. 131072
+PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 # seconds a user waits: a queue of a few ms on an idle server to minutes behind long prefills
-LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
-TPOT_BUCKETS = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
-CACHE_UPDATE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
-LOG_LINE_RESULTS = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
+LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+TPOT_BUCKETS: Final = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
+CACHE_UPDATE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
 
 
 class _CounterValues:
@@ -527,7 +528,12 @@ class LogMetrics:
             ["model", "slot"],
         )
         self.prefill_tokens_in_progress = self.in_progress.values  # by (model, slot id)
-        self.lines: dict[str, int] = dict.fromkeys(LOG_LINE_RESULTS, 0)
+        # lines read, by result (LOG_LINE_RESULTS, line_counts): plain numbers, counted for every line
+        self.parsed_lines = 0
+        self.ignored_lines = 0
+        self.unrecognized_lines = 0
+        self.unreadable_lines = 0
+        self.oversized_lines = 0
         self.last_line_time = 0.0
         registry.register(_LineCollector(self))
         self.diag_available = Gauge(
@@ -634,8 +640,13 @@ class LogMetrics:
         for labels in [k for k in list(self.server_build_info._metrics) if k[0] == model]:
             self.server_build_info.remove(*labels)
 
-    def line_read(self, result: str, now: float | None = None) -> None:
-        self.lines[result] += 1
+    def line_counts(self) -> dict[str, int]:
+        """Lines read so far, by result (LOG_LINE_RESULTS)."""
+        counts = (self.parsed_lines, self.ignored_lines, self.unrecognized_lines, self.unreadable_lines)
+        return dict(zip(LOG_LINE_RESULTS, (*counts, self.oversized_lines), strict=True))
+
+    def oversized_line_read(self, now: float | None = None) -> None:
+        self.oversized_lines += 1
         self.last_line_time = time.time() if now is None else now
 
     def internal_error(self) -> None:
@@ -730,7 +741,7 @@ class _LineCollector(Collector):
             "message is unknown: a new build), unreadable (not UTF-8 text, or binary), oversized.",
             labels=["result"],
         )
-        for result, n in list(self.m.lines.items()):
+        for result, n in self.m.line_counts().items():
             lines.add_metric([result], n)
         yield lines
         yield GaugeMetricFamily(
