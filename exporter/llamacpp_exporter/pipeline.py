@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # llama.cpp builds whose recorded logs are in tests/fixtures/logs/builds/ (tests/test_builds.py)
 TESTED_BUILDS: Final = (10950, 11200, 11434)
 
+
 class _Facts:
     """One server process's line-level facts (a plain server's, or one child of a router):
     to the log metrics under its model, with what the operator should read in the exporter's
