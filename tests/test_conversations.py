@@ -69,6 +69,16 @@ def test_pseudonyms_are_salted_and_never_the_raw_id():
     assert Pseudonymizer().random_salt and not a.random_salt
 
 
+def test_a_kept_pseudonym_is_the_one_computed_afresh_and_the_kept_ones_are_bounded():
+    from llamacpp_exporter.assemble.pseudonyms import MAX_RECENT
+
+    kept, fresh = Pseudonymizer("salt-a"), Pseudonymizer("salt-a")
+    ids = [f"conv-{i % (MAX_RECENT + 7)}" for i in range(3 * MAX_RECENT)]  # more ids than are kept, again and again
+    assert [kept(raw) for raw in ids] == [Pseudonymizer("salt-a")(raw) for raw in ids]
+    assert len(kept._recent) == MAX_RECENT
+    assert kept("conv-1") == fresh("conv-1") != Pseudonymizer("salt-b")("conv-1")
+
+
 def test_raw_ids_appear_nowhere_in_the_exposition_or_records():
     reg = CollectorRegistry()
     recs: list[RequestRecord] = []

@@ -152,6 +152,24 @@ class _HistogramValues:
         return self.rendered.render(encoding, [(key, child[2][1], child) for key, child in list(self.children.items())])
 
 
+class _FamiliesCollector(Collector):
+    """Plain-number families, rendered in the order given."""
+
+    def __init__(self, families: list[_CounterValues]) -> None:
+        self.families = families
+
+    def describe(self) -> Iterator[Metric]:
+        for f in self.families:
+            yield f.metric_family(f.name, f.doc, labels=f.labelnames)
+
+    def collect(self) -> Iterator[Metric]:
+        for f in self.families:
+            yield f.family()
+
+    def render_exposition(self, encoding: Encoding) -> list[bytes]:
+        return [part for f in self.families for part in f.render(encoding)]
+
+
 class RequestMetrics(Collector):
     """One finished request record -> counters and histograms by path, LoRA state and outcome.
 
@@ -469,11 +487,8 @@ class RequestMetrics(Collector):
 
 @dataclass(slots=True)
 class _CacheSeries:
-    """One model's RAM-cache series (prometheus_client's children of the families above)."""
+    """One model's RAM-cache counters (prometheus_client's children of the families below)."""
 
-    entries: Gauge
-    size: Gauge
-    limit: Gauge
     saves: Counter
     evictions: Counter
     evicted_bytes: Counter
@@ -489,21 +504,17 @@ class LogMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         r = registry
         m = ["model"]
-        self.cache_entries = Gauge(
-            "llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", m, registry=r
+        # set at every cache state line: plain numbers (see in_progress below)
+        self.cache_entries = _GaugeValues(
+            "llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", m
         )
-        self.cache_bytes = Gauge(
-            "llamacpp_prompt_cache_bytes",
-            "Size of the RAM prompt cache in bytes (last cache state line).",
-            m,
-            registry=r,
+        self.cache_bytes = _GaugeValues(
+            "llamacpp_prompt_cache_bytes", "Size of the RAM prompt cache in bytes (last cache state line).", m
         )
-        self.cache_limit = Gauge(
-            "llamacpp_prompt_cache_limit_bytes",
-            "Size limit of the RAM prompt cache in bytes (--cache-ram).",
-            m,
-            registry=r,
+        self.cache_limit = _GaugeValues(
+            "llamacpp_prompt_cache_limit_bytes", "Size limit of the RAM prompt cache in bytes (--cache-ram).", m
         )
+        registry.register(_FamiliesCollector([self.cache_entries, self.cache_bytes, self.cache_limit]))
         self.cache_saves = Counter(
             "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", m, registry=r
         )
@@ -596,8 +607,8 @@ class LogMetrics:
         if model in self.models:
             return
         self.models.add(model)
-        for c in (self.cache_entries, self.cache_bytes, self.cache_limit):
-            c.labels(model)
+        for g in (self.cache_entries, self.cache_bytes, self.cache_limit):
+            g.values.setdefault((model,), 0.0)
         for k in (self.cache_saves, self.cache_evictions, self.cache_evicted_bytes, self.cache_update):
             k.labels(model)
         for k in (self.arrivals_dropped, self.restarts, self.out_of_order):
@@ -611,10 +622,9 @@ class LogMetrics:
         if model not in self.models:
             return
         self.models.discard(model)
+        for v in (self.cache_entries, self.cache_bytes, self.cache_limit):
+            v.values.pop((model,), None)
         for g in (
-            self.cache_entries,
-            self.cache_bytes,
-            self.cache_limit,
             self.cache_saves,
             self.cache_evictions,
             self.cache_evicted_bytes,
@@ -656,9 +666,6 @@ class LogMetrics:
         c = self._cache_series.get(model)
         if c is None:
             c = self._cache_series[model] = _CacheSeries(
-                self.cache_entries.labels(model),
-                self.cache_bytes.labels(model),
-                self.cache_limit.labels(model),
                 self.cache_saves.labels(model),
                 self.cache_evictions.labels(model),
                 self.cache_evicted_bytes.labels(model),
@@ -667,10 +674,10 @@ class LogMetrics:
         return c
 
     def cache_state(self, model: str, entries: int, size_bytes: float, limit_bytes: float) -> None:
-        c = self._cache(model)
-        c.entries.set(entries)
-        c.size.set(size_bytes)
-        c.limit.set(limit_bytes)
+        key = (model,)
+        self.cache_entries.values[key] = float(entries)
+        self.cache_bytes.values[key] = size_bytes
+        self.cache_limit.values[key] = limit_bytes
 
     def cache_saved(self, model: str) -> None:
         self._cache(model).saves.inc()
