@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from .store import RecordStore, StoredValues, write_jsonl
 log = logging.getLogger("llamacpp_exporter.offline.analyze")
 _ROTATED = re.compile(r"^(?P<base>.*?)(?:[.-](?P<n>\d+))?(?:\.gz)?$")
 PROGRESS_BYTES = 64 << 20  # show progress on inputs larger than this
+CHUNK_LINES = 8192  # lines read at a time (about a megabyte)
 
 
 def rotation_order(paths: list[str]) -> list[str]:
@@ -176,13 +178,22 @@ def read_logs(
         try:
             with _open(path) as fh:
                 raw = getattr(fh.buffer, "fileobj", None) or fh.buffer  # a .gz file: its compressed bytes
-                for line in fh:
-                    process(line.rstrip("\r\n"), 0.0)
-                    n += 1
-                    if history is not None:
-                        history.at(a.epoch, a.clock.now)
-                    if n & 0xFFFF == 0:
+                if history is None:
+                    # in batches, the pipeline's own loop over them (compiled, setup.py): each line
+                    # is processed as it is read, so a file that breaks off loses none before it
+                    while True:
+                        before = _lines_read(pl)
+                        pl.process_lines((line.rstrip("\r\n") for line in itertools.islice(fh, CHUNK_LINES)), 0.0)
+                        if _lines_read(pl) == before:
+                            break
                         bar.show(raw.tell())
+                else:  # the metrics over time are sampled at every line
+                    for line in fh:
+                        process(line.rstrip("\r\n"), 0.0)
+                        n += 1
+                        history.at(a.epoch, a.clock.now)
+                        if n & 0xFFFF == 0:
+                            bar.show(raw.tell())
         except (OSError, EOFError) as e:  # a truncated .gz, a file that is not gzip: keep what was read
             problems.append(f"{path}: {_why(e)}")
             log.warning("%s: read up to here, the rest is unreadable: %s", path, _why(e))
@@ -195,7 +206,11 @@ def read_logs(
         history.sample(a.epoch, a.clock.now, final=True)
     bar.close()
     store.apply_proofs()
-    return LogReading(pl, n, history, ends, problems)
+    return LogReading(pl, _lines_read(pl), history, ends, problems)
+
+
+def _lines_read(pl: Pipeline) -> int:
+    return sum(pl.metrics.line_counts().values())
 
 
 def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
