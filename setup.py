@@ -1,6 +1,6 @@
 """The build. The package is pure Python and works as such. Where a C compiler is at hand, the
 modules every log line passes through (parse, assemble, the request metrics) are also compiled
-to C by mypyc from the same source, which reads a log about twice as fast (BENCHMARKS.md).
+to C by mypyc from the same source, which reads a log two to three times as fast (BENCHMARKS.md).
 Without a compiler, or with LLAMACPP_EXPORTER_COMPILE=0, the wheel is the pure package; a
 compiled module that fails to build is left out and its Python source is used.
 Everything else (the metadata, the dependencies) is in pyproject.toml."""
