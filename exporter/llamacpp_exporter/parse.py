@@ -1017,14 +1017,7 @@ def _usual_line(line: str) -> ParsedLine | None:
     line, and compiled (setup.py) a character costs a few machine instructions where a match
     costs thousands. tests/test_parse.py holds it to the general path, line for line."""
     n = len(line)
-    i = 0
-    minutes = 0
-    while i < n:
-        c = ord(line[i])
-        if c < 48 or c > 57:
-            break
-        minutes = minutes * 10 + c - 48
-        i += 1
+    minutes, i = _ascii_number(line, 0)
     # ".SS.mmm.uuu L tag  " and the function column (12 characters), then ": "
     if i == 0 or i + 33 > n:
         return None
@@ -1073,30 +1066,31 @@ def _usual_line(line: str) -> ParsedLine | None:
         while k < n and ord(line[k]) == 32:
             k += 1
         first = k
-        slot = 0
-        while k < n:
-            c = ord(line[k])
-            if c < 48 or c > 57:
-                break
-            slot = slot * 10 + c - 48
-            k += 1
+        slot, k = _ascii_number(line, k)
         if k > first and line[k : k + 8] == " | task ":
             k += 8
             negative = k < n and ord(line[k]) == 45  # -
             if negative:
                 k += 1
             first = k
-            task = 0
-            while k < n:
-                c = ord(line[k])
-                if c < 48 or c > 57:
-                    break
-                task = task * 10 + c - 48
-                k += 1
+            task, k = _ascii_number(line, k)
             if k > first and line[k : k + 3] == " | ":
                 return ParsedLine(ts, _tagged_event(tag, slot, -task if negative else task, line[k + 3 :]))
         return None  # not the usual ids (other digits than ASCII ones, say): the general path's
     return ParsedLine(ts, _tagged_event(tag, -1, 0, line[j:]))
+
+
+def _ascii_number(line: str, k: int) -> tuple[int, int]:
+    """The ASCII digits from k on as a number, and where they end (k itself: no digit there)."""
+    n = len(line)
+    value = 0
+    while k < n:
+        c = ord(line[k])
+        if c < 48 or c > 57:
+            break
+        value = value * 10 + c - 48
+        k += 1
+    return value, k
 
 
 def _parse_general(line: str) -> ParsedLine:
