@@ -112,6 +112,8 @@ class _HistogramValues:
     Rendered as prometheus_client's Histogram renders it, each child again only after an
     observation."""
 
+    metric_family = HistogramMetricFamily
+
     def __init__(self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
         self.name, self.doc, self.labelnames = name, doc, list(labelnames)
         self.bounds = [float(b) for b in buckets] + [math.inf]
@@ -155,10 +157,11 @@ class _HistogramValues:
 class _FamiliesCollector(Collector):
     """Plain-number families, rendered in the order given."""
 
-    def __init__(self, families: list[_CounterValues]) -> None:
+    def __init__(self, families: list[_CounterValues | _HistogramValues]) -> None:
         self.families = families
 
     def describe(self) -> Iterator[Metric]:
+        # the names, so that registration checks them and ?name[]= finds them
         for f in self.families:
             yield f.metric_family(f.name, f.doc, labels=f.labelnames)
 
@@ -170,7 +173,7 @@ class _FamiliesCollector(Collector):
         return [part for f in self.families for part in f.render(encoding)]
 
 
-class RequestMetrics(Collector):
+class RequestMetrics(_FamiliesCollector):
     """One finished request record -> counters and histograms by path, LoRA state and outcome.
 
     Plain numbers, turned into metric families at scrape time: a record's dozen updates cost
@@ -312,32 +315,34 @@ class RequestMetrics(Collector):
             "conversation is named), none (an embedding or rerank task).",
             ["model", "source"],
         )
-        self._families: list[_CounterValues | _HistogramValues] = [
-            self.requests,
-            self.cancelled,
-            self.prompt_tokens,
-            self.reused_tokens,
-            self.outcomes,
-            self.misses,
-            self.evicted_avoidable,
-            self.evicted_avoidable_seconds,
-            self.evicted_size_unknown,
-            self.restores,
-            self.mismatch,
-            self.prefill_seconds,
-            self.prefill_tokens,
-            self.tpot,
-            self.queue,
-            self.ttft,
-            self.e2e,
-            self.latency_unknown,
-            self.overlap,
-            self.takeovers,
-            self.conversation_joins,
-            self.choices,
-            self.embedding_tasks,
-            self.embedding_tokens,
-        ]
+        super().__init__(
+            [
+                self.requests,
+                self.cancelled,
+                self.prompt_tokens,
+                self.reused_tokens,
+                self.outcomes,
+                self.misses,
+                self.evicted_avoidable,
+                self.evicted_avoidable_seconds,
+                self.evicted_size_unknown,
+                self.restores,
+                self.mismatch,
+                self.prefill_seconds,
+                self.prefill_tokens,
+                self.tpot,
+                self.queue,
+                self.ttft,
+                self.e2e,
+                self.latency_unknown,
+                self.overlap,
+                self.takeovers,
+                self.conversation_joins,
+                self.choices,
+                self.embedding_tasks,
+                self.embedding_tokens,
+            ]
+        )
         self._slots: dict[str, set[int]] = {}
         self.models: set[str] = set()
         self.model_known("")
@@ -387,30 +392,16 @@ class RequestMetrics(Collector):
         while they are all zero)."""
         if model not in self.models:
             return
-        for m in self._families:
+        for m in self.families:
             store = m.values if isinstance(m, _CounterValues) else m.children
             keys = [k for k in store if k and k[0] == model]
             if isinstance(m, _CounterValues) and any(m.values[k] for k in keys):
                 return
-        for m in self._families:
+        for m in self.families:
             store = m.values if isinstance(m, _CounterValues) else m.children
             for k in [k for k in store if k and k[0] == model]:
                 del store[k]
         self.models.discard(model)
-
-    def describe(self) -> Iterator[Metric]:
-        # the names, so that registration checks them and ?name[]= finds them
-        for m in self._families:
-            yield (CounterMetricFamily if isinstance(m, _CounterValues) else HistogramMetricFamily)(
-                m.name, m.doc, labels=m.labelnames
-            )
-
-    def collect(self) -> Iterator[Metric]:
-        for m in self._families:
-            yield m.family()
-
-    def render_exposition(self, encoding: Encoding) -> list[bytes]:
-        return [part for m in self._families for part in m.render(encoding)]
 
     def slots_known(self, model: str, slot_ids: list[int]) -> None:
         self._slots.setdefault(model, set()).update(slot_ids)
