@@ -218,6 +218,14 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
             _chat_turns(url, name, f"again-{name}", 2, rows, lock)
         recs = wait_records(events, len(rows), timeout=60)
         pairs = _matched(rows, recs, lambda t, r: r["model"] == t["model"] and _same_numbers(t, r))
+        # llama-server's own /metrics of each model: beta's new process is polled within a few
+        # poll intervals of its load, not by the time its records are written (a busy machine)
+        wait_for(
+            lambda: _server_metric_models(exp.metrics_text()) == {"alpha", "beta"},
+            "each model's own /metrics re-exported",
+            timeout=30,
+            interval=0.5,
+        )
         text = exp.metrics_text()
     finally:
         if exp is not None:
@@ -226,8 +234,10 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
     print(f"router: {len(pairs)} of {len(rows)} responses matched to their model's record")
     assert len(pairs) == 12
     assert not any(r["cancelled"] for r in recs)
-    # /slots polled per loaded model: the LoRA of every request is known (none)
-    assert all(r["lora"] == "none" for _, r in pairs), [r["lora"] for _, r in pairs]
+    # /slots polled per loaded model: the LoRA of the requests is known (none), never wrong; one
+    # short request may end before a poll sees it (a busy machine: 1 in 10 runs here), unknown then
+    loras = [r["lora"] for _, r in pairs]
+    assert set(loras) <= {"none", "unknown"} and loras.count("unknown") <= 1, loras
     restarts = samples(text, "llamacpp_exporter_server_restarts_total")
     assert restarts and not any(restarts.values()), restarts
     loads = samples(text, "llamacpp_router_model_loads_total")
@@ -235,8 +245,11 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
     exits = samples(text, "llamacpp_router_model_exits_total")
     assert exits[(("model", "beta"), ("result", "ok"))] == 1 and exits[(("model", "alpha"), ("result", "ok"))] == 0
     # llama-server's own /metrics of each model, re-exported with its model
-    server = samples(text, "llamacpp_server_prompt_tokens_total")
-    assert {dict(k).get("model") for k in server} == {"alpha", "beta"}, server
+    assert _server_metric_models(text) == {"alpha", "beta"}
+
+
+def _server_metric_models(text: str) -> set[str | None]:
+    return {dict(k).get("model") for k in samples(text, "llamacpp_server_prompt_tokens_total")}
 
 
 @pytest.mark.real_server
