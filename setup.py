@@ -49,7 +49,7 @@ BUILDING = {"bdist_wheel", "build", "build_ext", "install"}
 
 
 def _say(message: str) -> None:
-    print(f"llamacpp-exporter: {message}", file=sys.stderr, flush=True)
+    print(f"llamacpp-exporter build: {message}", file=sys.stderr, flush=True)
 
 
 def _compiler() -> str | None:

@@ -204,6 +204,9 @@ class ExporterProcess:
     workdir: Path
     port: int = 0
     proc: subprocess.Popen | None = None
+    # an installed exporter: its entry point (and how it is started, e.g. as another user)
+    command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "llamacpp_exporter"])
+    env: dict[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -218,10 +221,11 @@ class ExporterProcess:
         self.workdir.mkdir(parents=True, exist_ok=True)
         err = open(self.stderr_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{self.port}", *self.args],
+            [*self.command, "--web.listen-address", f"127.0.0.1:{self.port}", *self.args],
             stdout=err,
             stderr=err,
             stdin=subprocess.DEVNULL,
+            env=self.env,
         )
         STARTED.append(self.proc)
         err.close()

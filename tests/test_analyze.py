@@ -208,6 +208,23 @@ def test_every_format_renders_the_same_report(fmt, capsys):
         assert "unknown: LoRA state" in out
 
 
+def test_a_file_that_is_not_a_llama_server_log_is_said_to_be_one_and_fails(tmp_path, capsys):
+    # a real file that is no llama-server log: the ground truth of a recorded run
+    other = LOGS / "lv4-np2-text.truth.jsonl"
+    assert analyze.main([str(other), "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = len(other.read_text().splitlines())
+    assert f"none of the {lines} lines read from {other} is a line of llama-server's log" in captured.err
+
+
+def test_plot_without_matplotlib_gives_an_install_hint_that_works_from_a_clone(monkeypatch, capsys):
+    monkeypatch.setattr(plots, "available", lambda: False)
+    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--plot", "charts"]) == 2
+    err = capsys.readouterr().err
+    assert "pip install matplotlib" in err and "[plot]" not in err
+
+
 def test_bad_arguments_are_clear_errors(tmp_path, capsys):
     assert analyze.main([]) == 2
     assert analyze.main([str(tmp_path / "missing.log")]) == 2
@@ -535,13 +552,14 @@ def test_unreadable_and_foreign_input_is_reported_never_a_crash(tmp_path, capsys
     assert 0 < rep["requests"]["total"] < 32  # the requests before the cut
     assert any(str(cut) in u["why"] for u in rep["unknown"])
     for path in (not_gzip, noise, empty):
-        assert analyze.main([str(path), "--format", "json", "--min-prompt-tokens", "1"]) == 0
+        # no empty report that reads as "all is well": it says the file is no llama-server log
+        assert analyze.main([str(path), "--format", "json", "--min-prompt-tokens", "1"]) == 1
         out = capsys.readouterr()
         assert "(b'" not in out.out + out.err  # gzip's own message quotes the file's first bytes
-        rep = json.loads(out.out)
-        assert rep["requests"]["total"] == 0
-        assert any(u["what"] == "requests" for u in rep["unknown"])
-    assert run_json(capsys, str(noise))["sources"]["log_lines_unreadable"] > 0
+        assert "secret" not in out.out + out.err
+        assert out.out == "" and f"read from {path} is a line of llama-server's log" in out.err, out.err
+    analyze.main([str(noise)])
+    assert "not text" in capsys.readouterr().err
     out = tmp_path / "no-such-dir" / "x.om"
     assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--openmetrics", str(out)]) == 1
     assert "cannot write" in capsys.readouterr().err

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llamacpp_exporter.cli import build_parser, config_from_args
-from llamacpp_exporter.config import ConfigError, load_file, read_api_key, validate
+from llamacpp_exporter.config import ConfigError, load_file, read_api_key, settings, validate
 
 CONF = Path(__file__).parent / "fixtures" / "config"
 
@@ -221,3 +224,64 @@ def test_analyze_checks_its_flags_by_the_same_declarations(capsys):
     for flag, value in (("--top", "0"), ("--gap", "inf"), ("--min-prompt-tokens", "0"), ("--openmetrics-step", "0")):
         assert analyze.main([log, flag, value]) == 2
         assert f"{flag}: must be" in capsys.readouterr().err
+
+
+def readme_configuration() -> str:
+    """The YAML example of the README's Configuration section, as written."""
+    section = (Path(__file__).parents[1] / "README.md").read_text().split("## Configuration", 1)[1]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.integration
+def test_the_readme_example_configuration_passes_config_check_on_a_clean_machine(tmp_path):
+    f = tmp_path / "config.yaml"
+    f.write_text(readme_configuration())
+    env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_API_KEY", "LLAMACPP_EXPORTER_SALT")}
+    res = cli("--config.check", "--config.file", str(f), env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "configuration is valid"
+
+
+def test_the_readme_example_shows_every_setting_and_each_has_a_flag():
+    # the keys shown commented out (files a clean machine does not have) count as shown
+    shown = yaml.safe_load(re.sub(r"^(\s+)# (\w+:)", r"\1\2", readme_configuration(), flags=re.M))
+    for section, f in settings():
+        assert f.name in shown[section], f"{section}.{f.name} is not in the README's example configuration"
+        assert f.metadata["flag"] and f.metadata["flag"].startswith(f"--{section}."), f"{section}.{f.name}"
+
+
+def test_every_mistake_of_a_file_is_reported_at_once(tmp_path):
+    f = tmp_path / "config.yaml"
+    f.write_text(
+        "llama:\n  url: [http://a]\n  timeout_seconds: -1\n  bogus: 1\n"
+        "web:\n  listen_address: nonsense\ncache:\n  hit_ratio: 3\nunknown_section: {}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        config_from_args(build_parser().parse_args(["--config.file", str(f), "--conversations.top", "0"]))
+    keys = [m.split(":")[0].removeprefix("unknown key ").split(" ")[0] for m in e.value.messages]
+    assert keys == [
+        "unknown_section",
+        "llama.bogus",
+        "llama.url",
+        "llama.timeout_seconds",
+        "cache.hit_ratio",
+        "conversations.top",
+        "cache",
+        "web.listen_address",
+    ], e.value.messages
+
+
+@pytest.mark.integration
+def test_config_check_prints_one_line_per_mistake(tmp_path):
+    f = tmp_path / "config.yaml"
+    f.write_text("llama:\n  timeout_seconds: -1\n  bogus: 1\ncache:\n  hit_ratio: 3\n")
+    res = cli("--config.check", "--config.file", str(f))
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 4 and all(line.startswith("llamacpp-exporter: configuration error: ") for line in lines), lines
+
+
+def test_help_lists_the_subcommands():
+    text = build_parser().format_help()
+    for command in ("analyze", "top", "check-lora-restore"):
+        assert re.search(rf"^  {command} +\S", text, re.M), command

@@ -5,11 +5,16 @@ the write that crosses it), set in a process of its own."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
+from realserver import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -92,3 +97,31 @@ def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path)
     b.close()
     assert events_files(str(never)) == [str(never)] and len(never.read_text().splitlines()) == 50
     assert events_files(str(none_kept)) == [str(none_kept)] and none_kept.stat().st_size <= 4096
+
+
+def test_events_path_dash_writes_the_records_to_standard_output_and_no_file(tmp_path):
+    log = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
+    truth = (log.parent / "lv4-np2-text.truth.jsonl").read_text().splitlines()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_exporter", "--events.path", "-", "--llama.log-path", str(log),
+         "--llama.log-from-start", "--llama.url", f"http://127.0.0.1:{free_port()}",
+         "--web.listen-address", f"127.0.0.1:{free_port()}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        out, deadline = b"", time.monotonic() + 30
+        while out.count(b"\n") < len(truth):
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            assert ready, f"{len(out.splitlines())} of {len(truth)} records on standard output in 30 s"
+            chunk = os.read(proc.stdout.fileno(), 1 << 16)
+            assert chunk, "standard output ended"
+            out += chunk
+        records = [json.loads(line) for line in out.splitlines()]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert all("task" in r and "prompt_tokens" in r for r in records)
+    assert sorted(r["prompt_tokens"] for r in records) == sorted(
+        json.loads(t)["prompt_n"] + json.loads(t)["cache_n"] for t in truth
+    )
+    assert list(tmp_path.iterdir()) == []  # no file named "-", no "-.log-position"

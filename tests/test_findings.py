@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,28 @@ def test_findings_in_every_format(reports, capsys):
     assert outs["text"].startswith("Findings\n========\n[critical] The LoRA restore bug")
     # a run with nothing to say says so
     assert report.finding_lines({"findings": []}) == ["none: no finding passed its threshold"]
+
+
+def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports):
+    rep = reports["lv4-np2-lora-events+events"]
+    ram = rep["could_have_hit"]["miss_rate"]["ram"]
+    assert ram["none"]["denominator"] and ram["active"]["denominator"]
+    for state, other in (("none", "requests without LoRA"), ("active", "LoRA requests")):
+        empty = dict(ram[state], numerator=0, denominator=0, ratio=None)
+        changed = _with(rep, ["could_have_hit", "miss_rate", "ram", state], empty)
+        changed["findings"] = findings.findings(changed)
+        f = next(f for f in changed["findings"] if f["finding"] == "lora_restore_discard")
+        assert " -" not in f["summary"], f["summary"]
+        assert (other in f["summary"]) is False, f["summary"]
+    for name, r in reports.items():
+        for f in r["findings"]:
+            assert not re.search(r"\s-[,.;)]", f["summary"]), (name, f["summary"])
+
+
+def test_advice_already_followed_is_not_given(reports):
+    rep = reports["lv4-np2-text"]
+    f = next(f for f in rep["findings"] if f["finding"] == "lora_state_unknown")
+    assert "--events" in f["action"]  # a log alone: pass the events file
+    given = _with(rep, ["sources", "events_files"], 1)
+    f = next(f for f in findings.findings(given) if f["finding"] == "lora_state_unknown")
+    assert "--events" not in f["action"] and "/slots" in f["action"], f["action"]

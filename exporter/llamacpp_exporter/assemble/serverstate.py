@@ -16,6 +16,7 @@ class ServerSink(Protocol):
     def debug_logging_seen(self) -> None: ...
     def debug_logging_ended(self) -> None: ...
     def server_build(self, number: int, commit: str) -> None: ...
+    def server_listening(self, url: str) -> None: ...
 
 
 class ServerState:
@@ -68,6 +69,9 @@ class ServerState:
 
     def build(self, ev: p.ServerBuild) -> None:
         self.sink.server_build(ev.number, ev.commit)
+
+    def listening(self, ev: p.ServerListening) -> None:
+        self.sink.server_listening(ev.url)
 
     def slots_initialized(self, ev: p.SlotsInitialized) -> None:
         self.n_slots = min(ev.n_slots, MAX_SLOTS)

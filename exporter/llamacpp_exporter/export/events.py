@@ -23,7 +23,10 @@ class EventsFile:
     Bounded: a line that would take the file past ``max_bytes`` first rotates it (X -> X.1 ->
     ... -> X.<max_files>, the oldest deleted), so the files never hold much more than
     max_bytes x (max_files + 1). ``max_bytes`` 0: never rotated here (an outside logrotate,
-    then SIGHUP)."""
+    then SIGHUP).
+
+    ``path`` "-": the lines go to standard output (for Promtail, Alloy or Vector), never rotated
+    (the exporter's own log is on standard error)."""
 
     def __init__(self, path: str, registry: CollectorRegistry, max_bytes: int = 0, max_files: int = 0) -> None:
         self.path = path
@@ -43,7 +46,8 @@ class EventsFile:
             "Request records (or proof lines) that could not be written to the events file.",
             registry=r,
         )
-        self._fd: int | None = None
+        self.stream = path == "-"
+        self._fd: int | None = 1 if self.stream else None
         self._last_error_log = 0.0
         self.reopen_requested = False  # SIGHUP: the file was rotated; the next line opens it again
 
@@ -52,6 +56,9 @@ class EventsFile:
 
     def _append(self, obj: dict, counted: bool) -> None:
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+        if self.stream:
+            self._append_to_stream(data, counted)
+            return
         end = None
         if self.reopen_requested and self._fd is not None:
             self.reopen_requested = False
@@ -84,6 +91,21 @@ class EventsFile:
             if now - self._last_error_log > 60:
                 self._last_error_log = now
                 log.warning("cannot write events file %s: %s", self.path, e.strerror)
+
+    def _append_to_stream(self, data: bytes, counted: bool) -> None:
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(1, view)
+                view = view[n:]
+            if counted:
+                self.records_written.inc()
+        except OSError as e:  # a reader that went away: counted, and said once a minute
+            self.events_errors.inc()
+            now = time.monotonic()
+            if now - self._last_error_log > 60:
+                self._last_error_log = now
+                log.warning("cannot write events to standard output: %s", e.strerror)
 
     def _rotate(self) -> None:
         """X.<n-1> -> X.<n>, ..., X -> X.1, then a new X. Renames only: the line being written
@@ -118,7 +140,7 @@ class EventsFile:
         )
 
     def close(self) -> None:
-        if self._fd is not None:
+        if self._fd is not None and not self.stream:
             os.close(self._fd)
             self._fd = None
 

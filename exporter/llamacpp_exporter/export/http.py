@@ -200,6 +200,7 @@ def make_app(
     ready: Callable[[], list[str]] | None = None,
     security: WebSecurity | None = None,
     answering: Answering | None = None,
+    polled: Callable[[], str] | None = None,
 ):
     metrics_app = make_metrics_app(registry)
     answering = answering or Answering()
@@ -236,11 +237,13 @@ def make_app(
             return [b"OK\n"]
         if path == "/-/ready":
             dead = ready() if ready is not None else []
+            # which llama-server is polled, and why (--llama.url, the log, a default port)
+            where = f"polling llama-server at {polled()}\n".encode() if polled is not None else b""
             if dead:
                 start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
-                return [f"not ready: {', '.join(dead)} stopped\n".encode()]
+                return [f"not ready: {', '.join(dead)} stopped\n".encode() + where]
             start_response("200 OK", [("Content-Type", "text/plain")])
-            return [b"OK\n"]
+            return [b"OK\n" + where]
         start_response("404 Not Found", [("Content-Type", "text/plain")])
         return [b"not found\n"]
 

@@ -343,6 +343,7 @@ def analyze(
     pl, lines = reading.pipeline, reading.lines
     g = pl.registry.get_sample_value
     sources["log_lines"] = lines
+    sources["log_lines_parsed"] = int(g("llamacpp_exporter_log_lines_total", {"result": "parsed"}) or 0)
     sources["log_lines_unrecognized"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unrecognized"}) or 0)
     sources["log_lines_unreadable"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unreadable"}) or 0)
     sources["server_restarts_seen"] = int(g("llamacpp_exporter_server_restarts_total") or 0)
@@ -508,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot",
         metavar="DIR",
         help="write PNG charts to DIR: miss rate over time by LoRA state, prefill durations, time per output "
-        "token with and without another slot's prefill (needs matplotlib: pip install 'llamacpp-exporter[plot]')",
+        "token with and without another slot's prefill (needs matplotlib: pip install matplotlib)",
     )
     ap.add_argument(
         "--records",
@@ -545,7 +546,9 @@ def main(argv: list[str]) -> int:
         return 2
     if args.plot and not plots.available():
         print(
-            "llamacpp-exporter analyze: --plot needs matplotlib: pip install 'llamacpp-exporter[plot]'", file=sys.stderr
+            "llamacpp-exporter analyze: --plot needs matplotlib: pip install matplotlib, into the environment the "
+            f"exporter is installed in ({sys.executable} -m pip install matplotlib)",
+            file=sys.stderr,
         )
         return 2
     missing = [p for p in [*args.logs, *args.events] if not Path(p).is_file()]
@@ -569,6 +572,18 @@ def main(argv: list[str]) -> int:
             history_step=opts.openmetrics_step if args.openmetrics else None,
         )
         try:
+            src = result.sources
+            if args.logs and src.get("log_lines_parsed", 0) == 0:
+                # an empty report would read as "nothing went wrong": say what was read instead
+                unreadable = src.get("log_lines_unreadable", 0)
+                print(
+                    f"llamacpp-exporter analyze: none of the {src.get('log_lines', 0)} lines read from "
+                    f"{', '.join(args.logs)} is a line of llama-server's log"
+                    + (f" ({unreadable} not text)" if unreadable else "")
+                    + ": give the file llama-server writes (--log-file) or its captured standard error",
+                    file=sys.stderr,
+                )
+                return 1
             return _outputs(args, opts, settings, salt, labels, result)
         finally:
             result.close()

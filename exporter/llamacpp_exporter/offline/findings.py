@@ -45,6 +45,16 @@ def _pct(r: dict[str, Any]) -> str:
     return f"{100 * r['ratio']:.0f}% ({r['numerator']}/{r['denominator']})"
 
 
+def _ram_path_misses(ram: dict[str, Any]) -> str:
+    """The sentence on the RAM path's misses by LoRA state, of the states that had requests."""
+    known = [
+        f"{who} missed {_pct(ram[state])}"
+        for state, who in (("active", "LoRA requests"), ("none", "requests without LoRA"))
+        if ram[state]["denominator"]
+    ]
+    return f" Among the requests that could have hit on the RAM path, {' and '.join(known)}." if known else ""
+
+
 def _finding(name: str, severity: str, summary: str, evidence: dict[str, Any], action: str) -> dict[str, Any]:
     return {"finding": name, "severity": severity, "summary": summary, "evidence": evidence, "action": action}
 
@@ -84,8 +94,7 @@ def _lora_restore(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
             "critical",
             f"The LoRA restore bug: {wrongful} of {evidence['restores']} restored RAM-cache entries were thrown away "
             "although they had been computed under the request's own LoRA (the server compared it with the "
-            "previous request's LoRA on that slot). Among the requests that could have hit, LoRA requests on the "
-            f"RAM path missed {_pct(ram['active'])}, plain ones {_pct(ram['none'])}.",
+            f"previous request's LoRA on that slot).{_ram_path_misses(ram)}",
             evidence,
             action,
         )
@@ -308,7 +317,12 @@ def _diagnostics(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
                     f"The LoRA state of {u['requests']} requests is unknown (a log alone does not carry it): the miss "
                     "rates by LoRA state and the LoRA requests' rates in the LoRA restore bug need it.",
                     {"requests": u["requests"]},
-                    "Run the exporter with --events.path (it polls /slots) and pass that file to analyze with --events.",
+                    "The events files given hold no LoRA state for these requests: the exporter that wrote them "
+                    "did not see them in /slots (--no-llama.slots, or /slots unreachable: llamacpp_up"
+                    '{endpoint="slots"}). Keep /slots polled.'
+                    if rep.get("sources", {}).get("events_files")
+                    else "Run the exporter with --events.path (it polls /slots) and pass that file to analyze with "
+                    "--events.",
                 )
             )
     return out

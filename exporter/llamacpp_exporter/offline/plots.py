@@ -1,5 +1,5 @@
 """`analyze --plot DIR`: PNG charts of the investigation, drawn with matplotlib (the optional
-extra `llamacpp-exporter[plot]`). The figures behind each chart are pure functions, tested
+extra `plot`: `pip install matplotlib`). The figures behind each chart are pure functions, tested
 against the report's own counts.
 
 - miss-rate.png: RAM and slot miss rate over time by LoRA state, each point with its count;

@@ -448,7 +448,10 @@ class ReportBuilder:
                 {
                     "what": "LoRA state",
                     "requests": self.total,
-                    "why": "a log alone does not say which LoRA adapters a request used: pass the exporter's "
+                    "why": "the events files given hold no LoRA state: the exporter that wrote them did not see "
+                    "these tasks in /slots"
+                    if (sources or {}).get("events_files")
+                    else "a log alone does not say which LoRA adapters a request used: pass the exporter's "
                     "events file (--events), recorded while it polled /slots",
                 }
             )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import ssl
 import sys
 import time
 from typing import Any
@@ -31,10 +32,32 @@ COLUMNS = (
 )
 
 
-def fetch(url: str, timeout: float) -> dict[str, Any]:
-    r = httpx.get(url.rstrip("/") + "/api/v1/conversations", timeout=timeout)
+def fetch(url: str, timeout: float, client: httpx.Client | None = None) -> dict[str, Any]:
+    get = client.get if client is not None else httpx.get
+    r = get(url.rstrip("/") + "/api/v1/conversations", timeout=timeout)
+    if r.status_code == 401:
+        raise httpx.HTTPError("401 Unauthorized: the exporter wants basic auth (--username, --password-file)")
     r.raise_for_status()
     return r.json()
+
+
+def client(args: argparse.Namespace) -> httpx.Client:
+    """A client for an exporter behind its --web.config.file: basic auth, a CA for its
+    certificate, a client certificate where it requires one."""
+    auth = None
+    if args.username is not None:
+        if args.password_file is None:
+            raise ValueError("--username needs --password-file")
+        with open(args.password_file, encoding="utf-8") as fh:
+            auth = (args.username, fh.read().strip())
+    verify: ssl.SSLContext | bool = True
+    if args.insecure_skip_verify:
+        verify = False
+    elif args.ca_file or args.cert_file:
+        verify = ssl.create_default_context(cafile=args.ca_file)
+        if args.cert_file:
+            verify.load_cert_chain(args.cert_file, args.key_file)
+    return httpx.Client(auth=auth, verify=verify)
 
 
 def render(data: dict[str, Any], limit: int) -> str:
@@ -74,11 +97,23 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--interval", type=float, default=2.0, help="refresh interval in seconds (default 2)")
     ap.add_argument("--limit", type=int, default=20, help="conversations shown (default 20)")
     ap.add_argument("--timeout", type=float, default=5.0, help="timeout of each request (default 5)")
+    tls = ap.add_argument_group("an exporter with --web.config.file (basic auth, TLS)")
+    tls.add_argument("--username", help="basic auth user")
+    tls.add_argument("--password-file", metavar="FILE", help="file holding the basic auth password")
+    tls.add_argument("--ca-file", metavar="FILE", help="CA certificate that signed the exporter's (https:// URLs)")
+    tls.add_argument("--cert-file", metavar="FILE", help="client certificate, where the exporter requires one")
+    tls.add_argument("--key-file", metavar="FILE", help="the client certificate's key")
+    tls.add_argument("--insecure-skip-verify", action="store_true", help="do not verify the exporter's certificate")
     args = ap.parse_args(argv)
+    try:
+        http = client(args)
+    except (OSError, ValueError, ssl.SSLError) as e:
+        print(f"llamacpp-exporter top: {e}", file=sys.stderr)
+        return 2
     try:
         while True:
             try:
-                data = fetch(args.url, args.timeout)
+                data = fetch(args.url, args.timeout, http)
             except (httpx.HTTPError, ValueError) as e:
                 print(f"llamacpp-exporter top: cannot read {args.url}: {e}", file=sys.stderr)
                 if args.once:

@@ -15,7 +15,8 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Final
+from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -24,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from ..config import redact_url
 from ..records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
 
 log = logging.getLogger(__name__)
@@ -355,13 +357,100 @@ _UP_HELP = (
 )
 
 
+# llama-server's default port: 8080 up to b11434, 9931 from b11549 on (common/common.h)
+DEFAULT_PORTS: Final = (8080, 9931)
+
+
+def polled_url(listening: str) -> str | None:
+    """The URL to poll for a server whose log says ``listening on <url>``: an address bound to
+    every interface (0.0.0.0, ::) is reached on loopback. None for what is not an HTTP URL."""
+    try:
+        parts = urlsplit(listening)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        return None
+    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(parts.hostname, parts.hostname)
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{parts.scheme}://{host}:{port}"
+
+
+class ServerAddress:
+    """Where llama-server is polled, and why. --llama.url when given. Else the address of the
+    log's ``listening on`` line once it has been read (a restart on another port included);
+    until then llama-server's default ports on loopback, 8080 and then 9931, each tried in turn
+    until one answers. Read by the poller threads, set by them and by the pipeline thread: the
+    pair (url, reason) is replaced whole."""
+
+    def __init__(self, configured: str | None) -> None:
+        self.configured = configured.rstrip("/") if configured else None
+        self._candidates = [f"http://127.0.0.1:{port}" for port in DEFAULT_PORTS]
+        self._probing = self.configured is None
+        self._warned_log: str | None = None
+        if self.configured is not None:
+            self._now = (self.configured, "given by --llama.url")
+        else:
+            self._now = (self._candidates[0], self._trying())
+
+    def _trying(self) -> str:
+        return (
+            "no --llama.url given and no 'listening on' line read from the log yet: trying llama-server's "
+            "default ports, 8080 and 9931 (its default from b11549 on), until one answers"
+        )
+
+    @property
+    def url(self) -> str:
+        return self._now[0]
+
+    def describe(self) -> str:
+        url, reason = self._now
+        return f"{redact_url(url)} ({reason})"
+
+    def from_log(self, listening: str) -> None:
+        """The log's ``listening on`` line of the server (not of a router's child)."""
+        url = polled_url(listening)
+        if url is None:
+            return
+        if self.configured is not None:
+            configured_port = urlsplit(self.configured).port or (443 if self.configured.startswith("https") else 80)
+            if urlsplit(url).port != configured_port and self._warned_log != url:
+                self._warned_log = url
+                log.warning(
+                    "the log says llama-server listens on %s, but --llama.url is %s: check --llama.url "
+                    "(llama-server's default port is 9931 from b11549 on, 8080 before)",
+                    listening,
+                    redact_url(self.configured),
+                )
+            return
+        self._probing = False
+        if url != self._now[0] or not self._now[1].startswith("from the log"):
+            self._now = (url, f"from the log's 'listening on {listening}' line")
+            log.info("polling llama-server at %s", self.describe())
+
+    def unreachable(self, url: str) -> None:
+        """Nothing listens at ``url`` (the connection was refused or timed out)."""
+        if self._probing and url == self._now[0]:
+            i = self._candidates.index(url) if url in self._candidates else -1
+            self._now = (self._candidates[(i + 1) % len(self._candidates)], self._trying())
+
+    def answered(self, url: str) -> None:
+        """llama-server (or something) answered at ``url``."""
+        if self._probing and url == self._now[0]:
+            self._probing = False
+            port = urlsplit(url).port
+            self._now = (url, f"no --llama.url given: it answered on llama-server's default port {port}")
+            log.info("polling llama-server at %s", self.describe())
+
+
 class ServerPoller:
     """Background poller of llama-server. Thread-safe; results are delivered through
     ``on_snapshot`` / ``on_adapters`` and kept for the scrape-time collector."""
 
     def __init__(
         self,
-        base_url: str,
+        address: ServerAddress | str,
         *,
         api_key: str | None,
         timeout: float,
@@ -374,8 +463,8 @@ class ServerPoller:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.address = address if isinstance(address, ServerAddress) else ServerAddress(address)
         self.client = httpx.Client(
-            base_url=base_url.rstrip("/"),
             headers=headers,
             timeout=httpx.Timeout(timeout, connect=min(timeout, 1.0)),
             transport=transport,
@@ -441,8 +530,9 @@ class ServerPoller:
         r: _Answer | None = None
         self.metrics.in_flight[endpoint] = t0
         url, params = (path, None) if isinstance(path, str) else path
+        base = self.address.url
         try:
-            with self.client.stream("GET", url, params=params, timeout=timeout) as resp:
+            with self.client.stream("GET", base + url, params=params, timeout=timeout) as resp:
                 body = bytearray()
                 for chunk in resp.iter_bytes():
                     body += chunk
@@ -456,8 +546,17 @@ class ServerPoller:
             err = None if ok else f"HTTP {r.status_code}"
         except _Refused as e:
             r, ok, err = None, False, str(e)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+            r, ok, err = None, False, type(e).__name__
+            self.address.unreachable(base)
         except httpx.HTTPError as e:
             r, ok, err = None, False, type(e).__name__
+        if endpoint == "health" and r is not None:
+            # llama-server answers /health: 200, 503 while loading, 401 without its API key
+            if r.status_code in (200, 401, 503):
+                self.address.answered(base)
+            else:
+                self.address.unreachable(base)
         if ok:
             self.metrics.last_success.labels(endpoint).set(time.time())
         self.metrics.scrape_duration.labels(endpoint).set(time.monotonic() - t0)
