@@ -28,7 +28,7 @@ from .records import LoraAdapters, RequestRecord, SlotsSnapshot
 log = logging.getLogger(__name__)
 
 # llama.cpp builds whose recorded logs are in tests/fixtures/logs/builds/ (tests/test_builds.py)
-TESTED_BUILDS: Final = (10950, 11200, 11434)
+TESTED_BUILDS: Final = (10950, 11200, 11434, 11549)
 
 
 class _Facts:
