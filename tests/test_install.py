@@ -113,7 +113,7 @@ def _docker(work: Path) -> dict:
     py = fresh_venv(work / "runtime")
     install = [a for a in dockerfile()["install"] if a != "/wheels/*.whl"]
     _run([py, "-m", *install, wheel], work / "runtime.log", env=without_compiler(py))
-    return {"wheel": wheel, "python": py, "build_seconds": build_seconds}
+    return {"wheel": wheel, "python": py, "build_seconds": build_seconds, "work": work}
 
 
 def _release(work: Path) -> dict:
@@ -303,7 +303,7 @@ def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(install
     exporter = d["python"].parent / "llamacpp-exporter"
     assert _log_reading(exporter) == "compiled"
     # the image's entry point and command name the flags the exporter has
-    run = d["wheel"].parent.parent / "run"
+    run = d["work"] / "run"
     stderr, _ = _replays_a_recorded_log(exporter, run, user=NOBODY, env=without_compiler(d["python"]))
     assert "log reading compiled" in stderr
     print(f"Dockerfile build stage (compiled, or cached by its source): {d['build_seconds']:.0f} s")

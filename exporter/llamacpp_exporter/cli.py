@@ -42,7 +42,7 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="llamacpp-exporter",
-        usage="%(prog)s [flags]\n       %(prog)s {analyze,top,check-lora-restore} [flags]  (each with --help)",
+        usage="%(prog)s [flags]\n       %(prog)s {" + ",".join(COMMANDS) + "} [flags]  (each with --help)",
         description=textwrap.fill(
             "Prometheus exporter for llama.cpp's llama-server. Tails its log, polls /slots, "
             "/metrics and /health, assembles one record per request and serves metrics. "
