@@ -580,13 +580,13 @@ class ServerPoller:
                     hint = " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
                 elif r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
                     hint = " (a router? asking /models)"
-                log.warning("llama-server %s: %s%s", url, err, hint)
+                log.warning("llama-server %s%s: %s%s", redact_url(base), url, err, hint)
             if r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
                 self._discover_router()
             return None
         if endpoint in self._logged_down:
             del self._logged_down[endpoint]
-            log.info("llama-server %s answers again", url)
+            log.info("llama-server %s%s answers again", redact_url(base), url)
         return r
 
     def _targets(self) -> list[str]:
