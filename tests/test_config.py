@@ -7,8 +7,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -285,3 +287,65 @@ def test_help_lists_the_subcommands():
     text = build_parser().format_help()
     for command in ("analyze", "top", "check-lora-restore"):
         assert re.search(rf"^  {command} +\S", text, re.M), command
+
+
+CANARY = "CanaryPassw0rd"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["file", "llama:\n  url: http://u:{pw}@h:99999\n"],
+        ["file", "llama:\n  url: [http://u:{pw}@h:8080]\n"],  # a wrong type: the value is shown
+        ["file", "llama:\n  url: {{nested: http://u:{pw}@h:8080}}\n"],
+        ["file", "llama:\n  url: u:{pw}@h:8080\n"],  # no scheme
+        ["file", "llama:\n  url: 'http://u:{pw}@h:8080\n  bad: [\n"],  # not YAML: the parser quotes the line
+        ["file", "llama:\n  timeout_seconds: http://u:{pw}@h\nweb:\n  listen_address: http://u:{pw}@h:1\n"],
+        ["file", "conversations:\n  salt_env: [http://u:{pw}@h]\n"],
+        ["flags", "--llama.url", "http://u:{pw}@h:99999"],
+        ["flags", "--llama.timeout", "http://u:{pw}@h"],  # argparse's own error
+        ["flags", "--web.listen-address", "u:{pw}@h:x"],
+        ["flags", "--web.telemetry-path", "/u:{pw}@h?"],
+        ["web", "basic_auth_users:\n  prometheus: {pw}\n"],  # a password where a hash belongs
+    ],
+    ids=lambda how: f"{how[0]}-{'-'.join(how[1:])[:40]}",
+)
+def test_a_password_in_any_configuration_reaches_no_message(tmp_path, how):
+    kind, *rest = how
+    rest = [r.format(pw=CANARY) for r in rest]
+    args = ["--config.check"]
+    if kind == "file":
+        (tmp_path / "c.yaml").write_text(rest[0])
+        args += ["--config.file", str(tmp_path / "c.yaml")]
+    elif kind == "web":
+        (tmp_path / "web.yml").write_text(rest[0])
+        args += ["--web.config.file", str(tmp_path / "web.yml")]
+    else:
+        args += rest
+    res = cli(*args, env={**os.environ, "LLAMA_API_KEY": CANARY})
+    assert res.returncode != 0, res
+    assert CANARY not in res.stdout + res.stderr, res.stderr
+    if kind != "web" and "not valid YAML" not in res.stderr:
+        assert "xxxxx" in res.stderr, res.stderr  # the message still shows the value, redacted
+
+
+@pytest.mark.integration
+def test_a_password_in_the_url_reaches_neither_the_log_at_debug_nor_ready(tmp_path):
+    from realserver import ExporterProcess, free_port
+
+    url = f"http://prometheus:{CANARY}@127.0.0.1:{free_port()}"
+    exp = ExporterProcess(["--llama.url", url, "--log.level", "debug", "--llama.poll-interval", "0.2"], tmp_path)
+    exp.env = {**os.environ, "LLAMA_API_KEY": CANARY}
+    exp.start()
+    try:
+        ready = httpx.get(exp.url + "/-/ready", timeout=5).text
+        time.sleep(1)  # polls fail, and say so
+        metrics = exp.metrics_text()
+    finally:
+        exp.stop()
+    log = exp.stderr_path.read_text()
+    assert "prometheus:xxxxx@127.0.0.1" in ready and "prometheus:xxxxx@127.0.0.1" in log
+    assert "ConnectError" in log  # the failing polls were logged, with their URL
+    for text in (ready, log, metrics):
+        assert CANARY not in text

@@ -1,10 +1,13 @@
 """--web.config.file: TLS and basic auth in the exporter-toolkit format, scraped by a real
-Prometheus (its own TLS client and basic auth), with certificates made by openssl."""
+Prometheus (its own TLS client and basic auth), with certificates made by openssl; and the front
+door's bounds: idle, half-sent and stalled-TLS clients, and the open-file limit, with real
+sockets."""
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import ssl
 import subprocess
 import sys
@@ -17,8 +20,10 @@ import pytest
 import yaml
 from promql import Prometheus
 from realserver import free_port, terminate, wait_for
+from support import samples
 
 from llamacpp_exporter.config import ConfigError
+from llamacpp_exporter.export.http import HEADER_TIMEOUT
 from llamacpp_exporter.export.web_config import load_web_config
 
 pytestmark = pytest.mark.integration
@@ -313,3 +318,122 @@ def test_a_flood_of_idle_connections_never_spins_and_scrapes_are_answered_again(
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _start_exporter(tmp_path: Path, *extra: str, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    err = open(tmp_path / "exporter.stderr", "wb")
+    cmd = [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+           "--llama.url", f"http://127.0.0.1:{free_port()}", "--no-llama.slots", *extra]  # fmt: skip
+    if nofile is not None:
+        cmd = ["sh", "-c", f"ulimit -n {nofile}; exec " + " ".join(shlex.quote(c) for c in cmd)]
+    proc = subprocess.Popen(cmd, stdout=err, stderr=err)
+    err.close()
+    return proc, port
+
+
+def _hold_slow_clients(port: int, n: int, tls: ssl.SSLContext | None = None) -> list:
+    """n connections: half idle (a TLS one stalled in its handshake), half that send half a
+    request header and then nothing (a TLS one after its handshake)."""
+    import socket
+
+    held = []
+    for i in range(n):
+        s = socket.create_connection(("127.0.0.1", port))
+        if i % 2:
+            if tls is not None:
+                s = tls.wrap_socket(s, server_hostname="127.0.0.1")
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Ag")
+        held.append(s)
+    return held
+
+
+def _scrape_times(url: str, n: int, **kw) -> list[float]:
+    """n scrapes as Prometheus makes them (10 s timeout), one every 0.2 s: each one's seconds."""
+    took = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        try:
+            r = httpx.get(url + "/metrics", timeout=10, **kw)
+            took.append(time.monotonic() - t0 if r.status_code == 200 else float("inf"))
+        except httpx.HTTPError:
+            took.append(float("inf"))
+        time.sleep(0.2)
+    return took
+
+
+def _closed(text: str) -> dict[str, float]:
+    return {dict(k)["reason"]: v for k, v in samples(text, "llamacpp_exporter_http_connections_closed_total").items()}
+
+
+def test_hundreds_of_idle_and_half_sent_connections_leave_scrapes_answered(tmp_path):
+    proc, port = _start_exporter(tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    held = []
+    try:
+        wait_for(lambda: httpx.get(url + "/-/healthy", timeout=1).status_code == 200, "healthy", 20, 0.1,
+                 ignore=(httpx.HTTPError,))  # fmt: skip
+        held = _hold_slow_clients(port, 400)
+        t0, cpu0 = time.monotonic(), _cpu_seconds(proc.pid)
+        took = sorted(_scrape_times(url, 10))
+        busy = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        waiting = samples(httpx.get(url + "/metrics", timeout=10).text, "llamacpp_exporter_http_connections_waiting")
+        print(f"400 slow clients: scrapes answered in {took[0]:.3f}..{took[-1]:.3f} s, {busy:.0%} of a core")
+        assert took[-1] < 1.0, took  # all 10 answered, the slowest (p99) within a second
+        assert busy < 0.5, busy
+        assert waiting[()] >= 350  # held without a thread each
+        # the header is bounded in time: the slow clients are closed, and counted
+        time.sleep(HEADER_TIMEOUT + 1)
+        closed = _closed(httpx.get(url + "/metrics", timeout=10).text)
+        assert closed["header_timeout"] >= 400 and closed["busy"] == 0, closed
+    finally:
+        for s in held:
+            s.close()
+        terminate(proc)
+    assert "Traceback" not in (tmp_path / "exporter.stderr").read_text()
+
+
+def test_slow_tls_clients_leave_tls_scrapes_answered(secured):
+    ca = ssl.create_default_context(cafile=str(secured["ca"]))
+    before = _closed(httpx.get(secured["url"] + "/metrics", verify=ca, auth=("prometheus", PASSWORD), timeout=10).text)
+    held = _hold_slow_clients(secured["port"], 400, tls=ca)
+    try:
+        took = sorted(_scrape_times(secured["url"], 10, verify=ca, auth=("prometheus", PASSWORD)))
+        print(f"400 slow TLS clients: scrapes answered in {took[0]:.3f}..{took[-1]:.3f} s")
+        assert took[-1] < 1.0, took
+        time.sleep(HEADER_TIMEOUT + 1)
+        after = _closed(
+            httpx.get(secured["url"] + "/metrics", verify=ca, auth=("prometheus", PASSWORD), timeout=10).text
+        )
+        assert after["header_timeout"] - before["header_timeout"] >= 400, (before, after)
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_at_the_open_file_limit_a_new_scrape_is_answered_and_nothing_spins(tmp_path):
+    proc, port = _start_exporter(tmp_path, nofile=256)
+    url = f"http://127.0.0.1:{port}"
+    held = []
+    try:
+        wait_for(lambda: httpx.get(url + "/-/healthy", timeout=1).status_code == 200, "healthy", 20, 0.1,
+                 ignore=(httpx.HTTPError,))  # fmt: skip
+        held = _hold_slow_clients(port, 400)
+        time.sleep(0.5)
+        t0, cpu0 = time.monotonic(), _cpu_seconds(proc.pid)
+        took = _scrape_times(url, 5)
+        busy = (_cpu_seconds(proc.pid) - cpu0) / (time.monotonic() - t0)
+        text = httpx.get(url + "/metrics", timeout=10).text
+        closed = _closed(text)
+        print(
+            f"open-file limit 256, 400 slow clients: scrapes in {sorted(took)} s, {busy:.0%} of a core, closed {closed}"
+        )
+        assert all(t < 1.0 for t in took), took  # 5 of 5 answered
+        assert busy < 0.5, busy
+        assert closed["waiting_limit"] + closed["descriptors"] >= 400 - 128, closed  # half the limit may wait
+        assert samples(text, "process_open_fds")[()] < 256
+    finally:
+        for s in held:
+            s.close()
+        terminate(proc)
+    assert "Traceback" not in (tmp_path / "exporter.stderr").read_text()

@@ -32,7 +32,14 @@ from .config import Config, parse_listen_address, position_file, read_api_key, r
 from .export.conversations import ConversationCosts
 from .export.events import written_records
 from .export.exposition import ExpositionRegistry
-from .export.http import Answering, QuietHandler, ThreadingWSGIServer, V6ThreadingWSGIServer, make_app
+from .export.http import (
+    Answering,
+    ConnectionsCollector,
+    QuietHandler,
+    ThreadingWSGIServer,
+    V6ThreadingWSGIServer,
+    make_app,
+)
 from .export.web_config import load_web_config
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
@@ -160,6 +167,9 @@ class Exporter:
         self.registry.register(_ServerFamilies(self.poller))
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
+        self.registry.register(
+            ConnectionsCollector(lambda: self.httpd if isinstance(self.httpd, ThreadingWSGIServer) else None)
+        )
         Gauge(
             "llamacpp_exporter_build_info",
             "A metric with a constant '1' value labelled by the exporter's version and Python version.",
@@ -283,10 +293,8 @@ class Exporter:
             handler_class=QuietHandler,
         )
         if security is not None and security.ssl_context is not None:
-            # the handshake happens on the request's own thread, never in the accept loop
-            self.httpd.socket = security.ssl_context.wrap_socket(
-                self.httpd.socket, server_side=True, do_handshake_on_connect=False
-            )
+            # each handshake is done by the front door, bounded like a request's header
+            self.httpd.ssl_context = security.ssl_context
             self.httpd.base_environ["HTTPS"] = "on"
         self.port = self.httpd.server_address[1]
         for name, target in (

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from datetime import datetime, timezone
+from typing import NoReturn
 
 from prometheus_client import disable_created_metrics
 
@@ -24,6 +25,7 @@ from .config import (
     override,
     read_api_key,
     read_salt,
+    redact,
     validate,
 )
 from .export.web_config import load_web_config
@@ -39,8 +41,13 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        super().error(redact(message))  # a flag's value may hold a password
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="llamacpp-exporter",
         usage="%(prog)s [flags]\n       %(prog)s {" + ",".join(COMMANDS) + "} [flags]  (each with --help)",
         description=textwrap.fill(
@@ -131,9 +138,9 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         t = datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
         fields = {"time": t, "level": record.levelname.lower().replace("warning", "warn"), "source": record.name}
-        fields["msg"] = record.getMessage()
+        fields["msg"] = redact(record.getMessage())  # never a password, whatever a message holds
         if record.exc_info:
-            fields["err"] = self.formatException(record.exc_info)
+            fields["err"] = redact(self.formatException(record.exc_info))
         if self.json:
             return json.dumps(fields)
         return " ".join(f"{k}={_logfmt_value(v)}" for k, v in fields.items())

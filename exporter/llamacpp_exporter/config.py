@@ -10,10 +10,11 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -26,8 +27,8 @@ class ConfigError(ValueError):
     reported at once, so that a file with four mistakes takes one run to mend, not four."""
 
     def __init__(self, *messages: str) -> None:
-        super().__init__("; ".join(messages))
-        self.messages = list(messages)
+        self.messages = [redact(m) for m in messages]  # a value shown may hold a password
+        super().__init__("; ".join(self.messages))
 
 
 class _Mistakes:
@@ -574,22 +575,21 @@ def read_salt(cfg: ConversationsConfig) -> str | None:
     return salt or None
 
 
+# a password in user:password@ (of a URL, with or without its scheme); greedy to the last @
+# of the word, as URL parsers split
+_USERINFO = re.compile(r"((?:[A-Za-z][A-Za-z0-9+.-]*://)?[^\s:/@'\"\[\]{},]*):(?!//)[^\s'\"]*@")
+
+
+def redact(text: str) -> str:
+    """The one redaction of every message the exporter writes (configuration errors, its log,
+    its start line, /-/ready): a password in ``user:password@`` is replaced, wherever it stands
+    (a URL, a URL without its scheme, a list or mapping shown as a value)."""
+    return _USERINFO.sub(r"\1:xxxxx@", text)
+
+
 def redact_url(url: str) -> str:
-    """The URL as it may be logged: a password in it (http://user:pw@host) is replaced, also in
-    a URL without its scheme (user:pw@host: no URL parser sees a password there)."""
-    if "://" not in url and "@" in url:
-        return "xxxxx@" + url.rpartition("@")[2]
-    try:
-        parts = urlsplit(url)
-        if parts.password is None:
-            return url
-        host = parts.hostname or ""
-        if ":" in host:
-            host = f"[{host}]"
-        netloc = f"{parts.username}:xxxxx@{host}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
-    except ValueError:
-        return "<unparsable URL>"
+    """The URL as it may be logged (``redact``)."""
+    return redact(url)
 
 
 def position_file(cfg: Config) -> str | None:

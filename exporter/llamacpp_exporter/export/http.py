@@ -1,24 +1,32 @@
 """The exporter's HTTP server: /metrics (exposition.py), the landing page, the
 conversations API, /-/healthy and /-/ready, behind the optional basic auth of
---web.config.file; a threaded server that bounds its connections and never spins when out of
-file descriptors."""
+--web.config.file. A front door reads each request's header (and TLS handshake) on one thread,
+bounded in time and number, and hands complete requests to threads: idle, slow or hostile
+clients never keep a scrape from being answered, and it never spins when out of descriptors."""
 
 from __future__ import annotations
 
 import errno
 import html
+import io
 import json
 import logging
+import os
+import selectors
 import socket
+import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from .. import __version__
 from ..config import Config
@@ -32,7 +40,31 @@ log = logging.getLogger(__name__)
 # pipeline catching up on a long log holds the interpreter lock, and each of the dozen times a
 # request waits for it (accept, read, render, send) would cost up to the whole interval.
 SERVING_SWITCH_INTERVAL = 0.0005
-MAX_CONNECTIONS = 256  # served at once; more are closed at once (an idle one ends after QuietHandler.timeout)
+MAX_CONNECTIONS = 256  # requests answered at once, a thread each; more are closed at once
+HEADER_TIMEOUT = 5.0  # a request's header (and TLS handshake) must arrive whole within this of its connection
+MAX_WAITING = 4096  # connections waiting for their header; past it the oldest is closed
+MAX_HEADER_BYTES = 64 << 10  # a longer request header is closed unanswered
+
+
+def _max_waiting() -> int:
+    """MAX_WAITING, or half the open-file limit where that is less: the other half stays for
+    answering (a request's thread reads /proc, the log, the events file, llama-server)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        return MAX_WAITING
+    if soft == resource.RLIM_INFINITY:
+        return MAX_WAITING
+    return max(16, min(MAX_WAITING, soft // 2))
+
+
+def _spare_descriptor() -> int | None:
+    try:
+        return os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 class _FastSwitching:
@@ -81,29 +113,203 @@ class Answering:
                 self.idle.set()
 
 
+class _Waiting:
+    """A connection whose request header has not arrived whole yet: no thread is spent on it."""
+
+    __slots__ = ("address", "deadline", "header", "handshaking")
+
+    def __init__(self, address: Any, deadline: float, handshaking: bool) -> None:
+        self.address = address
+        self.deadline = deadline
+        self.header = bytearray()
+        self.handshaking = handshaking
+
+
+class _Arrived:
+    """A connection whose request header has arrived, with the bytes already read of it."""
+
+    __slots__ = ("sock", "read")
+
+    def __init__(self, sock: socket.socket, read: bytes) -> None:
+        self.sock = sock
+        self.read = read
+
+
+class _AlreadyRead(io.RawIOBase):
+    """The request as the handler reads it: the bytes the front door read, then the socket."""
+
+    def __init__(self, read: bytes, sock: socket.socket) -> None:
+        self._read = memoryview(read)
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._read:
+            n = min(len(b), len(self._read))
+            b[:n] = self._read[:n]
+            self._read = self._read[n:]
+            return n
+        return self._sock.recv_into(b)
+
+
+# Why a connection was closed without an answer (llamacpp_exporter_http_connections_closed_total)
+CLOSED_REASONS = ("header_timeout", "header_too_large", "waiting_limit", "descriptors", "busy")
+
+
 class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    """The front door, as Go's HTTP server keeps it (node_exporter's): one thread accepts every
+    connection and reads its request header (and its TLS handshake) without blocking; a
+    connection costs a thread only once its header has arrived whole. The header must arrive
+    within HEADER_TIMEOUT; at most MAX_WAITING connections (or half the open-file limit) wait for
+    theirs (past that the oldest is closed, never the new one); out of file descriptors, the oldest waiting connection
+    is closed to make room, and with none waiting one spare descriptor lets the new connection
+    be accepted and closed, so the loop never spins. Each connection closed so is counted."""
+
     daemon_threads = True
     request_queue_size = 1024  # the listen backlog: socketserver's 5 drops connections under a burst of scrapes
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self.connections_refused = 0
+        self.closed = dict.fromkeys(CLOSED_REASONS, 0)
         self.switching = _FastSwitching()
+        self.ssl_context: ssl.SSLContext | None = None  # TLS: each connection's handshake is done here
+        self._waiting: OrderedDict[socket.socket, _Waiting] = OrderedDict()  # the oldest first
+        self.max_waiting = _max_waiting()
+        self._selector = selectors.DefaultSelector()
+        self._spare: int | None = _spare_descriptor()
+        self._accept_paused_until = 0.0
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        self._stopped.set()
 
-    def get_request(self) -> Any:
+    @property
+    def connections_refused(self) -> int:
+        return sum(self.closed.values())
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self._stop.clear()
+        self._stopped.clear()
+        self.socket.setblocking(False)
+        self._selector.register(self.socket, selectors.EVENT_READ, None)
         try:
-            return super().get_request()
-        except OSError as e:
-            if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                # out of descriptors: the listening socket stays readable, so retrying at once
-                # would spin; wait for connections to end
-                time.sleep(0.1)
-            raise
+            while not self._stop.is_set():
+                now = time.monotonic()
+                wait = poll_interval
+                if self._waiting:
+                    wait = min(wait, max(0.0, next(iter(self._waiting.values())).deadline - now))
+                if now < self._accept_paused_until:
+                    wait = min(wait, self._accept_paused_until - now)
+                for key, _events in self._selector.select(wait):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read_header(key.fileobj, key.data)  # type: ignore[arg-type]
+                self._expire(time.monotonic())
+        finally:
+            self._selector.unregister(self.socket)
+            for conn in list(self._waiting):
+                self._close_waiting(conn)
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self._stopped.wait()
+
+    def _accept(self) -> None:
+        if time.monotonic() < self._accept_paused_until:
+            return
+        for _ in range(64):  # a burst of connections, then the waiting ones get their turn
+            try:
+                conn, address = self.socket.accept()
+            except BlockingIOError:
+                return
+            except OSError as e:
+                if e.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    return  # the client left before it was accepted
+                if self._waiting:  # room for the new connection: the oldest waiting one goes
+                    self._close_waiting(next(iter(self._waiting)), "descriptors")
+                    continue
+                self._refuse_one()
+                return
+            if len(self._waiting) >= self.max_waiting:
+                self._close_waiting(next(iter(self._waiting)), "waiting_limit")
+            conn.setblocking(False)
+            handshaking = self.ssl_context is not None
+            if self.ssl_context is not None:
+                try:
+                    conn = self.ssl_context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                except OSError:
+                    conn.close()
+                    continue
+            self._waiting[conn] = w = _Waiting(address, time.monotonic() + HEADER_TIMEOUT, handshaking)
+            self._selector.register(conn, selectors.EVENT_READ, w)
+
+    def _refuse_one(self) -> None:
+        """Out of descriptors with none waiting (every connection is being answered): the spare
+        descriptor lets one pending connection be accepted and closed; else accepting pauses."""
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
+            try:
+                conn, _ = self.socket.accept()
+                conn.close()
+                self.closed["descriptors"] += 1
+                return
+            except OSError:
+                pass
+            finally:
+                self._spare = _spare_descriptor()
+        self._accept_paused_until = time.monotonic() + 0.1  # never spin on a full descriptor table
+
+    def _read_header(self, conn: socket.socket, w: _Waiting) -> None:
+        try:
+            if w.handshaking:
+                conn.do_handshake()  # type: ignore[attr-defined]
+                w.handshaking = False
+            while True:
+                data = conn.recv(65536)
+                if not data:
+                    self._close_waiting(conn)  # the client left
+                    return
+                w.header += data
+                if b"\r\n\r\n" in w.header or b"\n\n" in w.header:
+                    self._selector.unregister(conn)
+                    del self._waiting[conn]
+                    conn.setblocking(True)
+                    self.process_request(_Arrived(conn, bytes(w.header)), w.address)
+                    return
+                if len(w.header) > MAX_HEADER_BYTES:
+                    self._close_waiting(conn, "header_too_large")
+                    return
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return  # more later (a handshake that wants to write finds room at the next read)
+        except OSError:  # a failed handshake, a reset: the client's doing
+            log.debug("connection from %s failed", w.address, exc_info=True)
+            self._close_waiting(conn)
+
+    def _expire(self, now: float) -> None:
+        while self._waiting:
+            conn, w = next(iter(self._waiting.items()))
+            if w.deadline > now:
+                return
+            self._close_waiting(conn, "header_timeout")
+
+    def _close_waiting(self, conn: socket.socket, reason: str | None = None) -> None:
+        self._waiting.pop(conn, None)
+        try:
+            self._selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+        if reason is not None:
+            self.closed[reason] += 1
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            self.connections_refused += 1
+            self.closed["busy"] += 1
             self.shutdown_request(request)  # too many at once: this one is closed, not queued
             return
         self.switching.enter()
@@ -121,9 +327,47 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
             self.switching.leave()
             self._slots.release()
 
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request.sock if isinstance(request, _Arrived) else request)
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # a client that failed the TLS handshake or hung up: not the exporter's error
         log.debug("connection from %s failed", client_address, exc_info=True)
+
+
+class ConnectionsCollector(Collector):
+    """The front door's counts, read at each scrape (never raising): connections closed without
+    an answer, by reason, and those waiting for their request header now."""
+
+    def __init__(self, server: Callable[[], ThreadingWSGIServer | None]) -> None:
+        self.server = server
+
+    def describe(self) -> list[Metric]:
+        return list(self._families(None))
+
+    def collect(self) -> list[Metric]:
+        try:
+            return list(self._families(self.server()))
+        except Exception:  # never fail a scrape
+            return []
+
+    def _families(self, srv: ThreadingWSGIServer | None) -> Iterable[Metric]:
+        closed = CounterMetricFamily(
+            "llamacpp_exporter_http_connections_closed",
+            "Connections to the exporter closed without an answer: header_timeout (the request header did not "
+            "arrive whole in time), header_too_large, waiting_limit (too many waited for their header: the "
+            "oldest went), descriptors (out of file descriptors: the oldest waiting one went, or the new one), "
+            "busy (every request thread was answering).",
+            labels=["reason"],
+        )
+        for reason in CLOSED_REASONS:
+            closed.add_metric([reason], srv.closed[reason] if srv is not None else 0)
+        yield closed
+        yield GaugeMetricFamily(
+            "llamacpp_exporter_http_connections_waiting",
+            "Connections to the exporter whose request header has not arrived whole yet (no thread is spent on them).",
+            value=len(srv._waiting) if srv is not None else 0,
+        )
 
 
 class V6ThreadingWSGIServer(ThreadingWSGIServer):
@@ -157,7 +401,16 @@ class _ResponseHandler(ServerHandler):
 
 
 class QuietHandler(WSGIRequestHandler):
-    timeout = 10  # a client that connects and stalls (or never finishes a TLS handshake) frees its thread
+    timeout = 10  # a client that stalls in its request's body or while it is answered frees its thread
+
+    def setup(self) -> None:
+        read = b""
+        if isinstance(self.request, _Arrived):  # from the front door, its header already read
+            read, self.request = self.request.read, self.request.sock
+        super().setup()
+        if read:
+            self.rfile.close()
+            self.rfile = io.BufferedReader(_AlreadyRead(read, self.connection))
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - no access log
         pass

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from ..config import DEFAULT_PORT
+from ..config import DEFAULT_PORT, redact
 from .report import cell
 
 COLUMNS = (
@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
             try:
                 data = fetch(args.url, args.timeout, http)
             except (httpx.HTTPError, ValueError) as e:
-                print(f"llamacpp-exporter top: cannot read {args.url}: {e}", file=sys.stderr)
+                print(f"llamacpp-exporter top: {redact(f'cannot read {args.url}: {e}')}", file=sys.stderr)
                 if args.once:
                     return 1
                 time.sleep(args.interval)
