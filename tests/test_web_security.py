@@ -321,6 +321,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _start_exporter(tmp_path: Path, *extra: str, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
+    """The exporter with no llama-server, answering; ``nofile``: under that open-file limit."""
     port = free_port()
     err = open(tmp_path / "exporter.stderr", "wb")
     cmd = [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
@@ -329,6 +330,8 @@ def _start_exporter(tmp_path: Path, *extra: str, nofile: int | None = None) -> t
         cmd = ["sh", "-c", f"ulimit -n {nofile}; exec " + " ".join(shlex.quote(c) for c in cmd)]
     proc = subprocess.Popen(cmd, stdout=err, stderr=err)
     err.close()
+    wait_for(lambda: httpx.get(f"http://127.0.0.1:{port}/-/healthy", timeout=1).status_code == 200, "healthy", 20,
+             0.1, ignore=(httpx.HTTPError,))  # fmt: skip
     return proc, port
 
 
@@ -371,8 +374,6 @@ def test_hundreds_of_idle_and_half_sent_connections_leave_scrapes_answered(tmp_p
     url = f"http://127.0.0.1:{port}"
     held = []
     try:
-        wait_for(lambda: httpx.get(url + "/-/healthy", timeout=1).status_code == 200, "healthy", 20, 0.1,
-                 ignore=(httpx.HTTPError,))  # fmt: skip
         held = _hold_slow_clients(port, 400)
         t0, cpu0 = time.monotonic(), _cpu_seconds(proc.pid)
         took = sorted(_scrape_times(url, 10))
@@ -416,8 +417,6 @@ def test_at_the_open_file_limit_a_new_scrape_is_answered_and_nothing_spins(tmp_p
     url = f"http://127.0.0.1:{port}"
     held = []
     try:
-        wait_for(lambda: httpx.get(url + "/-/healthy", timeout=1).status_code == 200, "healthy", 20, 0.1,
-                 ignore=(httpx.HTTPError,))  # fmt: skip
         held = _hold_slow_clients(port, 400)
         time.sleep(0.5)
         t0, cpu0 = time.monotonic(), _cpu_seconds(proc.pid)
