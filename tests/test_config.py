@@ -349,3 +349,12 @@ def test_a_password_in_the_url_reaches_neither_the_log_at_debug_nor_ready(tmp_pa
     assert "ConnectError" in log  # the failing polls were logged, with their URL
     for text in (ready, log, metrics):
         assert CANARY not in text
+
+
+@pytest.mark.integration
+def test_top_never_prints_the_password_of_the_url_it_cannot_read():
+    from realserver import free_port
+
+    res = cli("top", "--once", "--url", f"http://prometheus:{CANARY}@127.0.0.1:{free_port()}")
+    assert res.returncode == 1 and "prometheus:xxxxx@127.0.0.1" in res.stderr, res.stderr
+    assert CANARY not in res.stdout + res.stderr
