@@ -70,6 +70,15 @@ def test_recorded_logs_no_request_is_named_after_another(log):
         # join, once in doubt, never started afresh (29 uncertain, never wrong). The case to make
         # rarer: a cancel the join cannot place keeps it in doubt until an idle moment
         ("lv4-np2-impatient-ids-never-idle", 5, 29),
+        # llama-server b11549 (xllamacpp 2026.10.11549), recorded 2026-12-03 with
+        # tests/setup/record_join_fixtures.py: it logs no "chat format" line (nothing at all
+        # between a request's id and its post). Where the main loop is free, each task is tried
+        # before the next request arrives and every request is named; starved, requests arrive
+        # while a batch runs and only their ids' order could tell them apart: 5 of 34 named,
+        # where 11434's chat-format lines named 30 of 34 on its starved recording
+        ("b11549-lv4-np2-impatient-ids", 32, 0),
+        ("b11549-lv4-np2-impatient-ids-starved", 5, 29),
+        ("b11549-lv4-np2-chats", 24, 0),
     ],
 )
 def test_clients_with_ids_that_give_up_while_queued(log, named, uncertain):

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.integration
 SALT = "a-test-salt-of-enough-length"
 # clients that give up while queued (with ids, without), a starved machine, a 21 s prefill
 LOGS_TRIED = ["lv4-np2-impatient-ids", "lv4-np1-cancelled", "lv4-np2-starved", "lv4-np2-slow-machine", "lv4-np2-text"]
+# and llama-server b11549's (no chat-format lines): clients with ids giving up, starved and not
+LOGS_TRIED += ["b11549-lv4-np2-impatient-ids", "b11549-lv4-np2-impatient-ids-starved"]
 
 
 def replayed(lines: list[str]) -> list[dict]:
