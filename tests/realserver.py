@@ -6,13 +6,14 @@ this module starts servers on free loopback ports and talks to them.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -256,3 +257,14 @@ class ExporterProcess:
     def stop(self) -> None:
         terminate(self.proc)
         self.proc = None
+
+
+def save_recording(server: LlamaServer, truths: list, out: Path, name: str) -> str:
+    """A recorded run as a fixture: the server's log (model paths rewritten to /models) as
+    ``<name>.log`` and each response's ground truth as ``<name>.truth.jsonl``. Returns the log."""
+    text = server.log_path.read_text(errors="replace").replace(str(MODELS), "/models")
+    (out / f"{name}.log").write_text(text)
+    with open(out / f"{name}.truth.jsonl", "w") as fh:
+        for t in truths:
+            fh.write(json.dumps(asdict(t)) + "\n")
+    return text

@@ -524,14 +524,14 @@ def validate(cfg: Config) -> Config:
 
 def _check_url(url: str) -> None:
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"llama.url: must start with http:// or https://, got {redact_url(url)!r}")
+        raise ConfigError(f"llama.url: must start with http:// or https://, got {url!r}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError as e:
-        raise ConfigError(f"llama.url: not a URL ({e}): {redact_url(url)!r}") from None
+        raise ConfigError(f"llama.url: not a URL ({e}): {url!r}") from None
     if not parts.hostname:
-        raise ConfigError(f"llama.url: no host in {redact_url(url)!r}")
+        raise ConfigError(f"llama.url: no host in {url!r}")
 
 
 def parse_listen_address(addr: str) -> tuple[str, int]:
@@ -585,11 +585,6 @@ def redact(text: str) -> str:
     its start line, /-/ready): a password in ``user:password@`` is replaced, wherever it stands
     (a URL, a URL without its scheme, a list or mapping shown as a value)."""
     return _USERINFO.sub(r"\1:xxxxx@", text)
-
-
-def redact_url(url: str) -> str:
-    """The URL as it may be logged (``redact``)."""
-    return redact(url)
 
 
 def position_file(cfg: Config) -> str | None:

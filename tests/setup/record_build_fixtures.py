@@ -10,8 +10,6 @@ is not 8080 (9931 from b11549 on) runs on its default port, as users who upgrade
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
 import shutil
@@ -21,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from realserver import MODELS, LlamaServer, llama_server_binary, model_files  # noqa: E402
+from realserver import LlamaServer, llama_server_binary, model_files, save_recording  # noqa: E402
 from workload import seed_scenario  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "fixtures" / "logs" / "builds"
@@ -47,11 +45,7 @@ def main() -> None:
                 truths = seed_scenario(server.url, seed=7) + seed_scenario(server.url, seed=8)
             finally:
                 server.stop()
-            text = server.log_path.read_text(errors="replace").replace(str(MODELS), "/models")
-            (OUT / f"{name}.log").write_text(text)
-            with open(OUT / f"{name}.truth.jsonl", "w") as fh:
-                for t in truths:
-                    fh.write(json.dumps(dataclasses.asdict(t)) + "\n")
+            text = save_recording(server, truths, OUT, name)
             shutil.rmtree(work)
             print(name, len(text.splitlines()), "lines")
 

@@ -14,8 +14,6 @@ LLAMA_SERVER_SDIST=xllamacpp==2026.10.11549 .venv/bin/python tests/setup/record_
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -23,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from realserver import MODELS, BusyLoop, LlamaServer, llama_server_binary, model_files  # noqa: E402
+from realserver import BusyLoop, LlamaServer, llama_server_binary, model_files, save_recording  # noqa: E402
 from workload import chat_workload, impatient_ids_workload  # noqa: E402
 
 OUT = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
@@ -45,11 +43,7 @@ def record(name: str, starved: bool, run) -> None:
             truths = run(server.url)
         finally:
             server.stop()
-    text = server.log_path.read_text(errors="replace").replace(str(MODELS), "/models")
-    (OUT / f"{name}.log").write_text(text)
-    with open(OUT / f"{name}.truth.jsonl", "w") as fh:
-        for t in truths:
-            fh.write(json.dumps(dataclasses.asdict(t)) + "\n")
+    text = save_recording(server, truths, OUT, name)
     shutil.rmtree(work)
     print(name, len(text.splitlines()), "lines,", len(truths), "responses")
 

@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from ..config import redact_url
+from ..config import redact
 from ..records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
 
 log = logging.getLogger(__name__)
@@ -406,7 +406,7 @@ class ServerAddress:
 
     def describe(self) -> str:
         url, reason = self._now
-        return f"{redact_url(url)} ({reason})"
+        return f"{redact(url)} ({reason})"
 
     def from_log(self, listening: str) -> None:
         """The log's ``listening on`` line of the server (not of a router's child)."""
@@ -421,7 +421,7 @@ class ServerAddress:
                     "the log says llama-server listens on %s, but --llama.url is %s: check --llama.url "
                     "(llama-server's default port is 9931 from b11549 on, 8080 before)",
                     listening,
-                    redact_url(self.configured),
+                    redact(self.configured),
                 )
             return
         self._probing = False
@@ -580,13 +580,13 @@ class ServerPoller:
                     hint = " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
                 elif r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
                     hint = " (a router? asking /models)"
-                log.warning("llama-server %s%s: %s%s", redact_url(base), url, err, hint)
+                log.warning("llama-server %s%s: %s%s", redact(base), url, err, hint)
             if r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
                 self._discover_router()
             return None
         if endpoint in self._logged_down:
             del self._logged_down[endpoint]
-            log.info("llama-server %s%s answers again", redact_url(base), url)
+            log.info("llama-server %s%s answers again", redact(base), url)
         return r
 
     def _targets(self) -> list[str]:
