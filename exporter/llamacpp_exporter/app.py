@@ -151,6 +151,7 @@ class Exporter:
             pseudonymize=Pseudonymizer(salt),
             costs=self.costs,
             on_server_listening=self.address.from_log,
+            buckets=cfg.metrics,
         )
         self.poller = ServerPoller(
             self.address,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import yaml
@@ -309,6 +310,70 @@ class ConversationsConfig:
     )
 
 
+# Histogram bounds in seconds. A user waits from a few ms on an idle server to an hour for a
+# long generation on a CPU server; the latency objectives of the alert rules (mixin/
+# thresholds.yaml) are bounds of these, and must stay bounds of a configured set.
+LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+TPOT_BUCKETS: Final = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5)
+PREFILL_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    20,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1200,
+    1800,
+    3600,
+)
+MAX_BUCKETS: Final = 40  # each bound is a series per label set
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    latency_buckets: tuple[float, ...] = setting(
+        LATENCY_BUCKETS,
+        "bucket bounds (seconds) of the queue time, time to first token and end-to-end histograms; keep the "
+        "latency objectives of your alert rules among them",
+        flag="--metrics.latency-buckets",
+        metavar="S,S,...",
+        default_text=",".join(f"{b:g}" for b in LATENCY_BUCKETS),
+    )
+    time_per_output_token_buckets: tuple[float, ...] = setting(
+        TPOT_BUCKETS,
+        "bucket bounds (seconds) of the time per output token histogram",
+        flag="--metrics.time-per-output-token-buckets",
+        metavar="S,S,...",
+        default_text=",".join(f"{b:g}" for b in TPOT_BUCKETS),
+    )
+    prefill_duration_buckets: tuple[float, ...] = setting(
+        PREFILL_BUCKETS,
+        "bucket bounds (seconds) of the prefill duration histogram",
+        flag="--metrics.prefill-duration-buckets",
+        metavar="S,S,...",
+        default_text=",".join(f"{b:g}" for b in PREFILL_BUCKETS),
+    )
+
+
+def bucket_list(text: str) -> tuple[float, ...]:
+    """A flag's bucket bounds: numbers separated by commas."""
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bucket bounds are numbers separated by commas, got {text!r}") from None
+
+
 @dataclass(frozen=True)
 class Config:
     llama: LlamaConfig = field(default_factory=LlamaConfig)
@@ -319,6 +384,7 @@ class Config:
     contention: ContentionConfig = field(default_factory=ContentionConfig)
     takeover: TakeoverConfig = field(default_factory=TakeoverConfig)
     conversations: ConversationsConfig = field(default_factory=ConversationsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
 def settings() -> list[tuple[str, dataclasses.Field]]:
@@ -344,7 +410,7 @@ def add_flags(parser: argparse.ArgumentParser, prefix: str, cls: Any) -> None:
             kw["choices"] = list(f.metadata["choices"])
         else:
             kw["metavar"] = f.metadata["metavar"]
-            kw["type"] = {"int": int, "float": float}.get(str(f.type).split(" ")[0], str)
+            kw["type"] = {"int": int, "float": float, "tuple[float, ...]": bucket_list}.get(str(f.type), str)
         parser.add_argument(flag, **kw)
 
 
@@ -367,6 +433,8 @@ def check(obj: Any, name: Callable[[dataclasses.Field], str]) -> None:
         v, m = getattr(obj, f.name), f.metadata
         if m.get("choices") is not None and v not in m["choices"]:
             messages.append(f"{name(f)}: one of {', '.join(m['choices'])}")
+        if isinstance(v, tuple):
+            messages += _bucket_mistakes(name(f), v)
         if m.get("bounds") is None or isinstance(v, bool) or not isinstance(v, (int, float)):
             continue
         lo, hi = m["bounds"]
@@ -377,6 +445,16 @@ def check(obj: Any, name: Callable[[dataclasses.Field], str]) -> None:
             messages.append(f"{name(f)}: must be {zero}a number between {lo:g} and {hi:g}, got {v}")
     if messages:
         raise ConfigError(*messages)
+
+
+def _bucket_mistakes(key: str, bounds: tuple[float, ...]) -> list[str]:
+    if not 1 <= len(bounds) <= MAX_BUCKETS:
+        return [f"{key}: between 1 and {MAX_BUCKETS} bounds, got {len(bounds)}"]
+    if not all(math.isfinite(b) and b > 0 for b in bounds):
+        return [f"{key}: bounds must be finite numbers above 0 (+Inf is always added), got {list(bounds)}"]
+    if any(a >= b for a, b in itertools.pairwise(bounds)):
+        return [f"{key}: bounds must increase, got {list(bounds)}"]
+    return []
 
 
 def describe(f: dataclasses.Field) -> str:
@@ -395,6 +473,12 @@ def _check_type(path: str, value: Any, typ: Any) -> Any:
         if optional:
             return None
         raise ConfigError(f"{path}: must not be empty")
+    if t.startswith("tuple"):
+        if not isinstance(value, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in value
+        ):
+            raise ConfigError(f"{path}: expected a list of numbers, got {value!r}")
+        return tuple(float(x) for x in value)
     if "bool" in t:
         if not isinstance(value, bool):
             raise ConfigError(f"{path}: expected true or false, got {value!r}")

@@ -20,6 +20,7 @@ from . import parse
 from .assemble.assembler import Assembler, AssemblySettings
 from .assemble.pseudonyms import Pseudonymizer
 from .assemble.router import ChildNames, RouterMetrics
+from .config import MetricsConfig
 from .export.conversations import ConversationCollector, ConversationCosts
 from .export.events import EventsFile
 from .export.metrics import LogMetrics, RequestMetrics
@@ -134,6 +135,7 @@ class Pipeline:
         clock: Callable[[], float] = time.time,
         pseudonymize: Callable[[str], str] | None = None,
         costs: ConversationCosts | None = None,
+        buckets: MetricsConfig | None = None,
     ) -> None:
         self.registry = registry
         self.clock = clock
@@ -143,7 +145,7 @@ class Pipeline:
         self.pseudonymize = pseudonymize or Pseudonymizer()
         self.costs = costs or ConversationCosts(clock=clock)
         registry.register(ConversationCollector(self.costs))
-        self.requests = RequestMetrics(registry)
+        self.requests = RequestMetrics(registry, buckets)
         self.metrics = LogMetrics(registry)
         self.router = RouterMetrics(registry)
         self.events = EventsFile(events_path, registry, *events_limits) if events_path else None

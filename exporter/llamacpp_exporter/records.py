@@ -25,6 +25,11 @@ MissCause = Literal["lora_discard", "forced_reprocess", "evicted", "no_cache_ent
 Contention = Literal["prefill", "none"]
 ReuseSource = Literal["log", "slots"]
 JoinSource = Literal["header", "lineage", "uncertain"]
+# how a request ended, as far as the log states it: stop (its timings, then its release: an end
+# of sequence, a stop word or its token limit, which llama-server tells apart only at DEBUG),
+# truncated (the context filled up: the release line's truncated = 1), cancelled (its client
+# went away while it ran: a cancel line, no timings), failed (an error line for it, no timings)
+FinishReason = Literal["stop", "truncated", "cancelled", "failed"]
 
 PATHS: tuple[SelectionPath, ...] = get_args(SelectionPath)
 LORA_STATES: tuple[LoraState, ...] = get_args(LoraState)
@@ -33,6 +38,7 @@ OUTCOMES: tuple[Outcome, ...] = get_args(Outcome)
 TASK_KINDS: tuple[TaskKind, ...] = get_args(TaskKind)
 MISS_CAUSES: tuple[MissCause, ...] = get_args(MissCause)
 CONTENTION: tuple[Contention, ...] = get_args(Contention)
+FINISH_REASONS: tuple[FinishReason, ...] = get_args(FinishReason)
 MAX_SLOTS = 512  # far above any -np in use; each slot id is a label value
 
 _SELECTION_PATH: dict[str, SelectionPath] = {"lcp": "slot", "lru": "ram", "id": "pinned"}
@@ -62,6 +68,12 @@ def avoidable_prefill_seconds(rec: RequestRecord) -> float:
     if not rec.prefill_seconds or not rec.prompt_tokens or rec.evicted_entry_tokens is None:
         return 0.0
     return rec.prefill_seconds * min(1.0, rec.evicted_entry_tokens / rec.prompt_tokens)
+
+
+def finish_reason(rec: RequestRecord) -> FinishReason:
+    if rec.generated_tokens is None and (rec.cancelled or rec.failed):
+        return "failed" if rec.failed else "cancelled"
+    return "truncated" if rec.truncated else "stop"
 
 
 def selection_path(method: str | None) -> SelectionPath:
@@ -130,6 +142,7 @@ class RequestRecord:
     slowed_by_conversation: str | None = None  # whose prefill overlapped this decoding most
     cancelled: bool = False
     failed: bool = False
+    truncated: bool = False  # the release line's truncated = 1: the context filled up
     # from its request's arrival (conv_id, -lv 4) to its launch, where the log pins the arrival
     # (see join.py): None when it cannot
     queue_seconds: float | None = None

@@ -409,6 +409,7 @@ class Assembler:
         d = s.draft
         s.tokens = ev.n_tokens
         if d is not None and d.task == ev.task:
+            d.truncated = ev.truncated
             # an embedding prints no timings: it ended as it should unless cancelled
             self._release(s, d, cancelled=d.generated_tokens is None and d.kind == "completion")
 

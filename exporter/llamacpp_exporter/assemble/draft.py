@@ -49,6 +49,7 @@ class TaskDraft:
     decode_end_us: int | None = None
     cancelled: bool = False
     failed: bool = False
+    truncated: bool = False
     end_us: int | None = None
     released_seq: int | None = None  # /slots snapshots seen when it was released
     # its conversation as the record will say it: fixed at the first line that proves it (or

@@ -22,8 +22,10 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Exemplar
 from prometheus_client.utils import floatToGoString
 
+from ..config import MetricsConfig
 from ..records import (
     CONTENTION,
+    FINISH_REASONS,
     LORA_STATES,
     MISS_CAUSES,
     OUTCOMES,
@@ -31,6 +33,7 @@ from ..records import (
     RESTORE_RESULTS,
     RequestRecord,
     avoidable_prefill_seconds,
+    finish_reason,
     kept_by_larger_cache,
 )
 from .exposition import Encoding, RenderedChildren, render_families
@@ -38,29 +41,7 @@ from .exposition import Encoding, RenderedChildren, render_families
 # the larger caches the live capacity figures are for (analyze gives the whole curve)
 LARGER_CACHE_LABELS: Final = {"2x": 2.0, "4x": 4.0}
 
-PREFILL_SECONDS_BUCKETS: Final = (
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1,
-    2.5,
-    5,
-    10,
-    20,
-    30,
-    60,
-    120,
-    300,
-    600,
-)
 PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
-# seconds a user waits: a queue of a few ms on an idle server to minutes behind long prefills
-LATENCY_BUCKETS: Final = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
-TPOT_BUCKETS: Final = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2)
 CACHE_UPDATE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
 
@@ -180,7 +161,8 @@ class RequestMetrics(_FamiliesCollector):
     no locks, and a scrape builds its samples without prometheus_client's per-child machinery.
     """
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, buckets: MetricsConfig | None = None) -> None:
+        b = buckets or MetricsConfig()
         pl = ["model", "path", "lora"]
         self.requests = _CounterValues(
             "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl
@@ -195,6 +177,13 @@ class RequestMetrics(_FamiliesCollector):
             "llamacpp_prompt_tokens_reused",
             "Prompt tokens reused from the slot or the RAM prompt cache, where known.",
             pl,
+        )
+        self.finished = _CounterValues(
+            "llamacpp_requests_finished",
+            "Requests (tasks) that ended on a slot, by how, where the log states it: stop (an end of sequence, a stop "
+            "word or the token limit), truncated (the context filled up), cancelled (the client went away while it "
+            "ran), failed (an error).",
+            ["model", "reason"],
         )
         self.outcomes = _CounterValues(
             "llamacpp_prompt_cache_outcomes",
@@ -239,7 +228,7 @@ class RequestMetrics(_FamiliesCollector):
             "llamacpp_prefill_duration_seconds",
             "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
             pl,
-            PREFILL_SECONDS_BUCKETS,
+            b.prefill_duration_buckets,
         )
         self.prefill_tokens = _HistogramValues(
             "llamacpp_prefill_tokens",
@@ -251,7 +240,7 @@ class RequestMetrics(_FamiliesCollector):
             "llamacpp_time_per_output_token_seconds",
             "Mean decode time per output token of a request; contention=prefill when other slots prefilled during more than the configured fraction of its decoding.",
             ["model", "contention"],
-            TPOT_BUCKETS,
+            b.time_per_output_token_buckets,
         )
         self.queue = _HistogramValues(
             "llamacpp_request_queue_seconds",
@@ -259,20 +248,20 @@ class RequestMetrics(_FamiliesCollector):
             "slot, tokenizing; on a busy server, waiting for one. Observed where the log pins the arrival "
             "to within 25 ms (else counted in llamacpp_request_latency_unknown_total).",
             ["model"],
-            LATENCY_BUCKETS,
+            b.latency_buckets,
         )
         self.ttft = _HistogramValues(
             "llamacpp_time_to_first_token_seconds",
             "Time to first token of a request: its queue time plus its prefill (llama-server's prompt eval time).",
             ["model"],
-            LATENCY_BUCKETS,
+            b.latency_buckets,
         )
         self.e2e = _HistogramValues(
             "llamacpp_request_duration_seconds",
             "End-to-end time of a request in llama-server: from its arrival to its slot's release (queue, "
             "prefill and generation).",
             ["model"],
-            LATENCY_BUCKETS,
+            b.latency_buckets,
         )
         self.latency_unknown = _CounterValues(
             "llamacpp_request_latency_unknown",
@@ -319,6 +308,7 @@ class RequestMetrics(_FamiliesCollector):
             [
                 self.requests,
                 self.cancelled,
+                self.finished,
                 self.prompt_tokens,
                 self.reused_tokens,
                 self.outcomes,
@@ -364,6 +354,8 @@ class RequestMetrics(_FamiliesCollector):
                 self.outcomes.add((*key, o), 0.0)
             for c in MISS_CAUSES:
                 self.misses.add((*key, c), 0.0)
+        for reason in FINISH_REASONS:
+            self.finished.add((model, reason), 0.0)
         for lora in LORA_STATES:
             self.mismatch.add((model, lora), 0.0)
             for res in RESTORE_RESULTS:
@@ -425,6 +417,7 @@ class RequestMetrics(_FamiliesCollector):
         exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
         if rec.conversation:
             exemplar["conversation"] = rec.conversation
+        self.finished.add((model, finish_reason(rec)))
         if (rec.cancelled or rec.failed) and rec.generated_tokens is None:
             self.cancelled.add(key)
         else:
