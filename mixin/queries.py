@@ -102,3 +102,36 @@ def unparsed_ratio(selector: str, by: str | None, window: str) -> str:
 def quantile(q: float, histogram: str, selector: str, by: str, window: str) -> str:
     keep = f"le, {by}" if by else "le"
     return f"histogram_quantile({q}, {rate(histogram + '_bucket', selector, window, keep)})"
+
+
+TTFT = "llamacpp_time_to_first_token_seconds"
+QUEUE = "llamacpp_request_queue_seconds"
+E2E = "llamacpp_request_duration_seconds"
+FINISHED = "llamacpp_requests_finished_total"
+FAILED_OR_CANCELLED = 'reason=~"failed|cancelled"'
+
+
+def le(seconds: float) -> str:
+    """The bucket of a bound as the exporter writes it (prometheus_client: 10.0, 0.1), which is
+    also how Prometheus 3 normalises classic histograms' le."""
+    return f'le="{float(seconds)!r}"'
+
+
+def within_objective_ratio(histogram: str, selector: str, by: str | None, window: str, seconds: float) -> str:
+    """Share of requests at most `seconds`: the bucket of that bound over all observations."""
+    within = rate(histogram + "_bucket", selector, window, by, le(seconds))
+    return f"{within}\n/\n{rate(histogram + '_count', selector, window, by)}"
+
+
+def over_objective_ratio(histogram: str, selector: str, by: str | None, window: str, seconds: float) -> str:
+    """Share of requests slower than `seconds`."""
+    return f"1 - (\n{within_objective_ratio(histogram, selector, by, window, seconds)}\n)"
+
+
+def finished_ratio(selector: str, by: str | None, window: str, matchers: str) -> str:
+    """Share of the requests that ended (llamacpp_requests_finished_total) ending as `matchers` says."""
+    return f"{rate(FINISHED, selector, window, by, matchers)}\n/\n{rate(FINISHED, selector, window, by)}"
+
+
+def mean(histogram: str, selector: str, by: str | None, window: str) -> str:
+    return f"{rate(histogram + '_sum', selector, window, by)}\n/\n{rate(histogram + '_count', selector, window, by)}"
