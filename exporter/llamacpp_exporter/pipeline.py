@@ -52,6 +52,7 @@ class _Facts:
         self.prefill_in_progress = partial(metrics.prefill_in_progress, m)
         self.out_of_order_lines = partial(metrics.out_of_order_lines, m)
         self.conversation_arrival_dropped = partial(metrics.conversation_arrival_dropped, m)
+        self.request_never_started = partial(requests.never_started, m)
         self.conversation_cost = costs.cost
         self.proof_consumers: list[Callable[[RequestRecord, str, str], None]] = []
         self.on_listening: Callable[[str], None] | None = None  # the server's own (not a router's child's)

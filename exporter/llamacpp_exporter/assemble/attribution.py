@@ -38,6 +38,7 @@ CONTINUATION_F_KEEP: Final = 0.9995  # printed as 1.000: the slot's whole state 
 class AttributionSink(Protocol):
     def conversation_cost(self, conversation: str, seconds: float) -> None: ...
     def conversation_arrival_dropped(self) -> None: ...
+    def request_never_started(self) -> None: ...
     def conversation_proven(self, record: RequestRecord, conversation: str, source: str) -> None: ...
 
 
@@ -64,7 +65,7 @@ class Attribution:
         self._evicted: OrderedDict[str, tuple[int, TaskKey]] = OrderedDict()
         self._evicted_unresolved: list[tuple[TaskKey, int]] = []
         self.join = HeaderJoin()
-        self._dropped_seen = 0
+        self._dropped_seen = self._never_started_seen = 0
         # records that went out before their conversation was proven, and the decode time
         # their prefills overlapped on other slots since: waiting for a late proof
         self.late: OrderedDict[TaskKey, RequestRecord] = OrderedDict()
@@ -76,7 +77,7 @@ class Attribution:
         self.epoch = epoch
         self.join = HeaderJoin()
         self.join.n_slots = n_slots
-        self._dropped_seen = 0
+        self._dropped_seen = self._never_started_seen = 0
         self.late.clear()  # nothing of the old process can be proven any more
         self.late_costs.clear()
 
@@ -116,6 +117,9 @@ class Attribution:
         while self._dropped_seen < self.join.dropped_arrivals:
             self._dropped_seen += 1
             self.sink.conversation_arrival_dropped()
+        while self._never_started_seen < self.join.never_started:
+            self._never_started_seen += 1
+            self.sink.request_never_started()
         self.maybe_prove_late()
 
     def maybe_prove_late(self) -> None:

@@ -322,6 +322,9 @@ class HeaderJoin:
         self.aligned = False  # every arrival and task since a known point is seen
         self.n_slots: int | None = None
         self.dropped_arrivals = 0
+        # requests that arrived and never launched (nor failed to), counted once the log
+        # accounts for every arrival: cancelled while queued, or rejected before they started
+        self.never_started = 0
         self.last_max_id = -1
         self.version = 0  # results stored so far
         self._burst = 0  # try bursts seen (see _try_line)
@@ -486,6 +489,7 @@ class HeaderJoin:
         self._resolve_all(final=True)
         seen = len(self._definite) + len(self._ambiguous)
         self.dropped_arrivals += max(0, len(self._arrivals) - seen)
+        self.never_started += max(0, len(self._arrivals) - len(self._definite))
         self._fail_unresolved()
         self._rebase()
 
@@ -578,6 +582,7 @@ class HeaderJoin:
         if self._arrivals and (self._open or self._unresolved or seen < len(self._arrivals)):
             self._resolve_all()
             self.dropped_arrivals += max(0, len(self._arrivals) - seen)
+            self.never_started += max(0, len(self._arrivals) - len(self._definite))
             self._fail_unresolved()
             self._reset()
 

@@ -185,6 +185,13 @@ class RequestMetrics(_FamiliesCollector):
             "ran), failed (an error).",
             ["model", "reason"],
         )
+        self.not_started = _CounterValues(
+            "llamacpp_requests_never_started",
+            "Requests that arrived (their conv_id line, -lv 4) and never started on a slot: their client gave up "
+            "while they were queued, or llama-server rejected them first. Counted once the server idles and the "
+            "log accounts for every arrival (never on a server that is never idle).",
+            ["model"],
+        )
         self.outcomes = _CounterValues(
             "llamacpp_prompt_cache_outcomes",
             "Prompt-cache outcome of requests with at least cache.min_prompt_tokens prompt tokens: hit (reused >= hit ratio), partial, miss (reused < miss ratio).",
@@ -309,6 +316,7 @@ class RequestMetrics(_FamiliesCollector):
                 self.requests,
                 self.cancelled,
                 self.finished,
+                self.not_started,
                 self.prompt_tokens,
                 self.reused_tokens,
                 self.outcomes,
@@ -369,6 +377,7 @@ class RequestMetrics(_FamiliesCollector):
             self.embedding_tokens,
             self.latency_unknown,
             self.evicted_size_unknown,
+            self.not_started,
         ):
             m.add((model,), 0.0)
         for label in LARGER_CACHE_LABELS:
@@ -447,6 +456,9 @@ class RequestMetrics(_FamiliesCollector):
             self.tpot.observe((model, rec.contention), rec.time_per_output_token_seconds, exemplar)
         if rec.overlap_seconds and rec.slot in self._slots.get(model, ()):
             self.overlap.add((model, str(rec.slot)), rec.overlap_seconds)
+
+    def never_started(self, model: str) -> None:
+        self.not_started.add((model,))
 
     def _larger_cache(self, rec: RequestRecord) -> None:
         if kept_by_larger_cache(rec, 1.0) is None:
