@@ -211,11 +211,15 @@ def stat(
     expr: str,
     *,
     red_above: float | None = None,
+    green_from: float | None = None,
     mappings: list[dict[str, Any]] | None = None,
+    queries: list[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
     if red_above is not None:
         steps.append({"color": "red", "value": red_above})
+    if green_from is not None:
+        steps = [{"color": "red", "value": None}, {"color": "green", "value": green_from}]
     return {
         "type": "stat",
         "title": title,
@@ -225,7 +229,8 @@ def stat(
             "defaults": {
                 "unit": unit,
                 "thresholds": {"mode": "absolute", "steps": steps},
-                "mappings": mappings or [],
+                "mappings": [*(mappings or []), *NO_TRAFFIC],
+                "noValue": "no traffic",
             },
             "overrides": [],
         },
@@ -233,10 +238,14 @@ def stat(
             "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
             "colorMode": "background",
             "graphMode": "none",
-            "textMode": "auto",
+            "textMode": "value_and_name" if queries else "auto",
         },
-        "targets": _targets([(expr, "")], False, instant=True),
+        "targets": _targets(queries or [(expr, "")], False, instant=True),
     }
+
+
+# a ratio or a quantile of nothing (no request in the window) is NaN: say why, not "NaN"
+NO_TRAFFIC = [{"type": "special", "options": {"match": "nan", "result": {"text": "no traffic", "color": "text"}}}]
 
 
 def heatmap(title: str, description: str, unit: str, metric: str) -> dict[str, Any]:
@@ -358,31 +367,46 @@ def minutes(window: str) -> str:
 
 
 def quantiles(metric: str, by: str, legend: str) -> list[tuple[str, str]]:
-    return [(q.quantile(p, metric, S, by, RI), f"p{round(p * 100)} {legend}".strip()) for p in (0.5, 0.9, 0.99)]
+    return [(q.quantile(p, metric, S, by, RI), f"p{round(p * 100)} {legend}".strip()) for p in (0.5, 0.9, 0.95, 0.99)]
 
 
 QUANTILE_INTERVAL = "5m"  # the least window of a quantile panel (see timeseries' min_interval)
 
 
-def table(title: str, description: str, columns: list[tuple[str, str, str]]) -> dict[str, Any]:
-    """One row per instance, one column per (header, unit, instant query by instance)."""
+def table(title: str, description: str, columns: list[tuple[str, str, str, float | None]]) -> dict[str, Any]:
+    """One row per instance, one column per (header, unit, instant query by instance, the value
+    above which its cell is red); the instance links to that server's own view."""
     targets = []
-    for i, (_, _, expr) in enumerate(columns):
+    for i, (_, _, expr, _) in enumerate(columns):
         t = target(expr, "", chr(ord("A") + i), instant=True)
         t["format"] = "table"
         targets.append(t)
-    rename = {f"Value #{chr(ord('A') + i)}": header for i, (header, _, _) in enumerate(columns)}
+    rename = {f"Value #{chr(ord('A') + i)}": header for i, (header, _, _, _) in enumerate(columns)}
+    overrides: list[dict[str, Any]] = []
+    for header, unit, _, red_above in columns:
+        props: list[dict[str, Any]] = [{"id": "unit", "value": unit}]
+        if red_above is not None:
+            steps = [{"color": "green", "value": None}, {"color": "red", "value": red_above}]
+            props += [
+                {"id": "thresholds", "value": {"mode": "absolute", "steps": steps}},
+                {"id": "custom.cellOptions", "value": {"type": "color-background"}},
+            ]
+        overrides.append({"matcher": {"id": "byName", "options": header}, "properties": props})
+    link = "/d/llamacpp-overview?var-job=${job}&var-instance=${__value.raw}&${__url_time_range}"
+    overrides.append(
+        {
+            "matcher": {"id": "byName", "options": "instance"},
+            "properties": [{"id": "links", "value": [{"title": "This server's view", "url": link}]}],
+        }
+    )
     return {
         "type": "table",
         "title": title,
         "description": description,
         "datasource": DS,
         "fieldConfig": {
-            "defaults": {"unit": "none"},
-            "overrides": [
-                {"matcher": {"id": "byName", "options": header}, "properties": [{"id": "unit", "value": unit}]}
-                for header, unit, _ in columns
-            ],
+            "defaults": {"unit": "none", "noValue": "no traffic", "mappings": NO_TRAFFIC},
+            "overrides": overrides,
         },
         "options": {"showHeader": True, "sortBy": [{"displayName": columns[1][0], "desc": True}]},
         "transformations": [
@@ -398,6 +422,87 @@ LINKS = [
     "llamacpp-prompt-cache|llama.cpp prompt cache",
     "llamacpp-contention|llama.cpp prefill contention",
 ]
+
+
+OBJECTIVES = THRESHOLDS["latency_objectives"]
+
+
+def golden_signals(lay: Layout) -> None:
+    """The first row: what users feel, over the alerts' summary window (a stat over
+    $__rate_interval is mostly empty at llama.cpp's request rates)."""
+    w = WINDOWS["summary"]
+    lo = OBJECTIVES
+    lay.row(f"Golden signals, last {minutes(w)}")
+    p95 = "p95 over the last " + minutes(w) + "utes, all selected servers."
+    known = " Needs -lv 4 (the arrival is read from the log)."
+    signals = [
+        stat(
+            "Requests/s",
+            f"Requests that ended per second over the last {minutes(w)}utes (any way they ended).",
+            "reqps",
+            q.rate(q.FINISHED, S, w),
+        ),
+        stat(
+            "Tokens/s in",
+            f"Prompt tokens computed per second over the last {minutes(w)}utes, from llama-server's own counter "
+            "(--metrics; older builds count reused tokens in).",
+            "suffix: tok/s",
+            q.rate("llamacpp_server_prompt_tokens_total", S, w),
+        ),
+        stat(
+            "Tokens/s out",
+            f"Tokens generated per second over the last {minutes(w)}utes (llama-server's --metrics).",
+            "suffix: tok/s",
+            q.rate("llamacpp_server_tokens_predicted_total", S, w),
+        ),
+        stat(
+            "TTFT p95",
+            "Time to first token (arrival to first token), " + p95 + known,
+            "s",
+            q.quantile(0.95, q.TTFT, S, "", w),
+            red_above=lo["time_to_first_token"],
+        ),
+        stat(
+            "Time per token p95",
+            "Time per output token, " + p95,
+            "s",
+            q.quantile(0.95, q.TPOT, S, "", w),
+            red_above=lo["time_per_output_token"],
+        ),
+        stat(
+            "End-to-end p95",
+            "Arrival to release (queue, prefill, generation), " + p95 + known,
+            "s",
+            q.quantile(0.95, q.E2E, S, "", w),
+        ),
+        stat(
+            "Error share",
+            f"Requests that failed or were cancelled while they ran, of all that ended, over the last {minutes(w)}"
+            "utes. Requests whose client gave up while queued never started and are not in it.",
+            "percentunit",
+            q.finished_ratio(S, None, w, q.FAILED_OR_CANCELLED),
+            red_above=THRESHOLDS["request_errors"]["ratio"],
+        ),
+        stat(
+            "Objective attainment",
+            f"Share of requests within each latency objective over the last {minutes(w)}utes (time to first token "
+            f"{lo['time_to_first_token']:g} s, time per token {lo['time_per_output_token']:g} s, queue "
+            f"{lo['queue_time']:g} s: mixin/thresholds.yaml); red below the {lo['target']:.0%} target.",
+            "percentunit",
+            "",
+            green_from=lo["target"],
+            queries=[
+                (q.within_objective_ratio(hist, S, None, w, lo[key]), label)
+                for key, hist, label in (
+                    ("time_to_first_token", q.TTFT, "TTFT"),
+                    ("time_per_output_token", q.TPOT, "per token"),
+                    ("queue_time", q.QUEUE, "queue"),
+                )
+            ],
+        ),
+    ]
+    for panel in signals:
+        lay.add(panel, 3, 4)
 
 
 def overview() -> dict[str, Any]:
@@ -416,33 +521,10 @@ def overview() -> dict[str, Any]:
     w_sum, w_miss = WINDOWS["summary"], THRESHOLDS["ram_miss_rate"]["window"]
     w_wrongful, w_drift = THRESHOLDS["wrongful_lora_discard"]["window"], THRESHOLDS["log_parse_drift"]["window"]
     lay = Layout()
-    lay.row("At a glance")
+    golden_signals(lay)
+    lay.row("The prompt cache and health at a glance")
     # Stats use the alerts' windows (and windows.summary): at llama.cpp's request rates a
     # $__rate_interval window is often empty.
-    lay.add(
-        stat(
-            "Servers down",
-            "llama-servers whose /health the exporter cannot reach (not counting a server loading its model), "
-            "plus exporters Prometheus cannot scrape (up == 0): a dead exporter never shows all green.",
-            "none",
-            f'(count(llamacpp_up{{{S}, endpoint="health"}} == 0 unless on (job, instance) llamacpp_loading{{{S}}} == 1) '
-            f"or vector(0))\n+\n(count(up{{{S}}} == 0) or vector(0))",
-            red_above=1,
-            mappings=up_map,
-        ),
-        4,
-        4,
-    )
-    lay.add(
-        stat(
-            f"Requests, last {minutes(w_sum)}",
-            f"Completed requests in the last {minutes(w_sum)}utes, all selected servers.",
-            "short",
-            q.increase("llamacpp_requests_total", S, w_sum),
-        ),
-        4,
-        4,
-    )
     lay.add(
         stat(
             f"RAM-path miss ratio, {minutes(w_miss)}",
@@ -464,6 +546,20 @@ def overview() -> dict[str, Any]:
             "none",
             q.wrongful_lora_discards(S, None, w_wrongful),
             red_above=0.5,
+        ),
+        4,
+        4,
+    )
+    lay.add(
+        stat(
+            "Servers down",
+            "llama-servers whose /health the exporter cannot reach (not counting a server loading its model), "
+            "plus exporters Prometheus cannot scrape (up == 0): a dead exporter never shows all green.",
+            "none",
+            f'(count(llamacpp_up{{{S}, endpoint="health"}} == 0 unless on (job, instance) llamacpp_loading{{{S}}} == 1) '
+            f"or vector(0))\n+\n(count(up{{{S}}} == 0) or vector(0))",
+            red_above=1,
+            mappings=up_map,
         ),
         4,
         4,
@@ -492,6 +588,16 @@ def overview() -> dict[str, Any]:
         4,
     )
     lay.row("Serving: traffic, saturation, errors")
+    lay.add(
+        stat(
+            f"Requests, last {minutes(w_sum)}",
+            f"Completed requests in the last {minutes(w_sum)}utes, all selected servers.",
+            "short",
+            q.increase("llamacpp_requests_total", S, w_sum),
+        ),
+        4,
+        4,
+    )
     lay.add(
         timeseries(
             "Tokens per second",
@@ -558,14 +664,22 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         timeseries(
-            "Requests completed and cancelled",
-            "Requests per second that completed, and those cancelled or failed (the client gave up, an error).",
+            "Requests by how they ended",
+            "Requests per second by how they ended: stop (end of sequence, stop word or token limit), truncated "
+            "(the context filled up), cancelled (the client went away while it ran), failed (an error); and "
+            "requests that never started (their client gave up while queued, or rejected: -lv 4, counted once "
+            "the server idles).",
             "reqps",
             [
-                (f"sum(rate(llamacpp_requests_total{{{S}}}[{RI}]))", "completed"),
-                (f"sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}]))", "cancelled"),
+                (f"sum by (reason) (rate({q.FINISHED}{{{S}}}[{RI}]))", "{{reason}}"),
+                (f"sum(rate(llamacpp_requests_never_started_total{{{S}}}[{RI}]))", "never started"),
             ],
-            overrides=[color("cancelled", "red")],
+            overrides=[
+                color("failed", "red"),
+                color("cancelled", "orange"),
+                color("truncated", "purple"),
+                color("never started", "yellow"),
+            ],
         ),
         6,
         8,
@@ -638,8 +752,8 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Time to first token",
-            "From a request's arrival in llama-server to its first token (queue time plus prefill), p50, p90 and "
-            f"p99. {known} Exemplars name slot and task.",
+            "From a request's arrival in llama-server to its first token (queue time plus prefill), p50, p90, p95 "
+            f"and p99. {known} Exemplars name slot and task.",
             "s",
             quantiles("llamacpp_time_to_first_token_seconds", "", ""),
             exemplar=True,
@@ -651,7 +765,7 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Queue time",
-            "From a request's arrival to its launch on a slot, p50, p90 and p99: above a few milliseconds it "
+            "From a request's arrival to its launch on a slot, p50, p90, p95 and p99: above a few milliseconds it "
             f"waited for a free slot (every slot busy). {known}",
             "s",
             quantiles("llamacpp_request_queue_seconds", "", ""),
@@ -664,8 +778,8 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "End-to-end latency",
-            "From a request's arrival in llama-server to its slot's release (queue, prefill, generation), p50, p90 "
-            f"and p99. {known}",
+            "From a request's arrival in llama-server to its slot's release (queue, prefill, generation), p50, p90, "
+            f"p95 and p99. {known}",
             "s",
             quantiles("llamacpp_request_duration_seconds", "", ""),
             exemplar=True,
@@ -676,18 +790,16 @@ def overview() -> dict[str, Any]:
     )
     lay.add(
         timeseries(
-            "Error rate",
-            "Share of requests that ended without an answer (cancelled: the client gave up, or failed), of all "
-            "requests that ended.",
+            "Error share",
+            "Share of the requests that ended which failed or were cancelled while they ran, and which were "
+            "truncated (the context filled up). The red line is LlamaCppRequestErrorsHigh's threshold.",
             "percentunit",
             [
-                (
-                    f"sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}]))\n/\n"
-                    f"(sum(rate(llamacpp_requests_total{{{S}}}[{RI}])) + sum(rate(llamacpp_requests_cancelled_total{{{S}}}[{RI}])))",
-                    "cancelled or failed",
-                )
+                (q.finished_ratio(S, None, RI, q.FAILED_OR_CANCELLED), "failed or cancelled"),
+                (q.finished_ratio(S, None, RI, 'reason="truncated"'), "truncated"),
             ],
-            overrides=[color("cancelled or failed", "red")],
+            overrides=[color("failed or cancelled", "red"), color("truncated", "purple")],
+            threshold=THRESHOLDS["request_errors"]["ratio"],
             min_interval=QUANTILE_INTERVAL,
         ),
         8,
@@ -696,7 +808,7 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Prefill duration",
-            "Prefill time per request (slot start to first token), p50, p90 and p99. Exemplars name slot and task.",
+            "Prefill time per request (slot start to first token), p50, p90, p95 and p99. Exemplars name slot and task.",
             "s",
             quantiles("llamacpp_prefill_duration_seconds", "", ""),
             exemplar=True,
@@ -708,7 +820,7 @@ def overview() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Time per output token by contention",
-            "Mean decode time per token of requests, p50, p90 and p99, split by whether other slots were "
+            "Mean decode time per token of requests, p50, p90, p95 and p99, split by whether other slots were "
             "prefilling during their decoding (prefill) or not (none).",
             "s",
             quantiles(q.TPOT, "contention", "{{contention}}"),
@@ -719,35 +831,37 @@ def overview() -> dict[str, Any]:
         8,
     )
     w_tab = WINDOWS["summary"]
-    ended = (
-        f"(sum by (instance) (increase(llamacpp_requests_total{{{S}}}[{w_tab}])) + "
-        f"sum by (instance) (increase(llamacpp_requests_cancelled_total{{{S}}}[{w_tab}])))"
-    )
+    lo = OBJECTIVES
     lay.add(
         table(
             f"Servers, last {minutes(w_tab)}",
             f"One row per server over the last {minutes(w_tab)}utes, sorted by request rate: the one bad server "
-            "out of fifty is the row whose error rate, time to first token or miss ratio stands out.",
+            "out of fifty is the row whose red cell stands out (past an alert's threshold or a latency objective). "
+            "Click a server to see only it.",
             [
-                ("health", "none", f'max by (instance) (llamacpp_up{{{S}, endpoint="health"}})'),
-                ("requests/s", "reqps", q.rate("llamacpp_requests_total", S, w_tab, "instance")),
+                ("health", "none", f'max by (instance) (llamacpp_up{{{S}, endpoint="health"}})', None),
+                ("requests/s", "reqps", q.rate(q.FINISHED, S, w_tab, "instance"), None),
                 (
-                    "error rate",
+                    "error share",
                     "percentunit",
-                    f"sum by (instance) (increase(llamacpp_requests_cancelled_total{{{S}}}[{w_tab}])) / {ended}",
+                    q.finished_ratio(S, "instance", w_tab, q.FAILED_OR_CANCELLED).replace("\n", " "),
+                    THRESHOLDS["request_errors"]["ratio"],
                 ),
+                ("TTFT p95", "s", q.quantile(0.95, q.TTFT, S, "instance", w_tab), lo["time_to_first_token"]),
+                ("time/token p95", "s", q.quantile(0.95, q.TPOT, S, "instance", w_tab), lo["time_per_output_token"]),
+                ("queue p95", "s", q.quantile(0.95, q.QUEUE, S, "instance", w_tab), lo["queue_time"]),
                 (
-                    "TTFT p90",
-                    "s",
-                    q.quantile(0.9, "llamacpp_time_to_first_token_seconds", S, "instance", w_tab),
+                    "RAM-path miss ratio",
+                    "percentunit",
+                    q.ram_miss_ratio(S, "instance", w_tab).replace("\n", " "),
+                    THRESHOLDS["ram_miss_rate"]["ratio"],
                 ),
-                ("time/token p90", "s", q.quantile(0.9, q.TPOT, S, "instance", w_tab)),
-                ("RAM-path miss ratio", "percentunit", q.ram_miss_ratio(S, "instance", w_tab).replace("\n", " ")),
                 (
                     "latency unknown",
                     "percentunit",
                     f"sum by (instance) (increase(llamacpp_request_latency_unknown_total{{{S}}}[{w_tab}])) / "
                     f"sum by (instance) (increase(llamacpp_requests_total{{{S}}}[{w_tab}]))",
+                    None,
                 ),
             ],
         ),
@@ -833,6 +947,20 @@ def overview() -> dict[str, Any]:
     )
     w_marks, w_build = WINDOWS["restart_marks"], WINDOWS["build_change"]
     annotations = [
+        {
+            "name": "Firing alerts",
+            "datasource": DS,
+            "enable": True,
+            "hide": False,
+            "iconColor": "orange",
+            # the rules' own ALERTS series: one mark per alert while it fires
+            "expr": f'ALERTS{{alertstate="firing", alertname=~"LlamaCpp.+", {S}}}',
+            "step": w_marks,
+            "titleFormat": "{{alertname}} ({{severity}})",
+            "textFormat": "{{instance}} {{model}}",
+            "tagKeys": "severity",
+            "useValueForTime": False,
+        },
         {
             "name": "llama-server restarts",
             "datasource": DS,
@@ -994,7 +1122,7 @@ def prompt_cache() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Cache update time",
-            "Time of one RAM prompt-cache save/load/update at slot selection, p50, p90 and p99.",
+            "Time of one RAM prompt-cache save/load/update at slot selection, p50, p90, p95 and p99.",
             "s",
             quantiles("llamacpp_prompt_cache_update_duration_seconds", "", ""),
             min_interval=QUANTILE_INTERVAL,
@@ -1047,12 +1175,14 @@ def contention() -> dict[str, Any]:
     lay.row("Who is doing this")
     lay.add(
         bargauge(
-            "Top conversations by cost to the others",
-            "Decode seconds of other slots overlapped by each conversation's prefills over the exporter's window "
-            "(--conversations.window). Conversations are pseudonyms; `llamacpp-exporter top` shows the same list "
-            "with prompt sizes, reuse and the last miss cause.",
+            "Top conversations by cost to the others, over the dashboard's range",
+            "Decode seconds of other slots that each conversation's prefills overlapped: the most within any "
+            "exporter window (--conversations.window, 15 min) of the dashboard's time range, so a long prefill an "
+            "hour ago is still named. Conversations are pseudonyms; `llamacpp-exporter top` shows the same list "
+            "now, with prompt sizes, reuse and the last miss cause.",
             "s",
-            f'topk(10, sum by (conversation) (llamacpp_conversation_cost_to_others_seconds{{{S}, conversation!="other"}}))',
+            "topk(10, max by (conversation) (max_over_time(llamacpp_conversation_cost_to_others_seconds"
+            f'{{{S}, conversation!="other"}}[$__range])))',
             "{{conversation}}",
         ),
         12,
@@ -1145,12 +1275,12 @@ def contention() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Prefill duration by path",
-            "p90 and p99 prefill time by slot-selection path. Exemplars point at the very request (slot, task) of "
+            "p90, p95 and p99 prefill time by slot-selection path. Exemplars point at the very request (slot, task) of "
             "a long prefill.",
             "s",
             [
                 (q.quantile(p, "llamacpp_prefill_duration_seconds", S, "path", RI), f"p{round(p * 100)} {{{{path}}}}")
-                for p in (0.9, 0.99)
+                for p in (0.9, 0.95, 0.99)
             ],
             exemplar=True,
             min_interval=QUANTILE_INTERVAL,
@@ -1161,11 +1291,11 @@ def contention() -> dict[str, Any]:
     lay.add(
         timeseries(
             "Prefill size by path",
-            "p90 and p99 of prompt tokens computed per prefill, by slot-selection path. Exemplars name slot and task.",
+            "p90, p95 and p99 of prompt tokens computed per prefill, by slot-selection path. Exemplars name slot and task.",
             "short",
             [
                 (q.quantile(p, "llamacpp_prefill_tokens", S, "path", RI), f"p{round(p * 100)} {{{{path}}}}")
-                for p in (0.9, 0.99)
+                for p in (0.9, 0.95, 0.99)
             ],
             exemplar=True,
             min_interval=QUANTILE_INTERVAL,

@@ -204,7 +204,7 @@ job_instance_model:{hist}_count:increase{p["long"]} >= {lo["min_requests"]}
     missing = "\nor\n".join(
         f"label_replace(\n  count by ({BY_M}) ({hist}_count{{{s}}})\n  unless on ({BY_M})\n  "
         f"count by ({BY_M}) ({hist}_bucket{{{s}, {q.le(lo[key])}}}),\n"
-        f'  "histogram", "{hist}", "", ""\n)'
+        f'  "objective", "{key}", "", ""\n)'
         for key, hist, _, _, _ in OBJECTIVES
     )
     out.append(
@@ -214,7 +214,7 @@ job_instance_model:{hist}_count:increase{p["long"]} >= {lo["min_requests"]}
             "15m",
             "warning",
             "A latency objective is not a bucket bound of the exporter's histogram: its alert cannot fire.",
-            f"The exporter on {ON} serves {{{{ $labels.histogram }}}} without a bucket at the objective of the alert "
+            f"The exporter on {ON} has no bucket at the {{{{ $labels.objective }}}} objective of the alert "
             "rules (metrics.*_buckets was changed): the requests over the objective cannot be counted. Add the "
             "objective to the exporter's buckets, or choose a bound it has.",
             c,

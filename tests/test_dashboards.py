@@ -78,11 +78,48 @@ def test_stats_use_a_window_that_has_data_at_llamacpp_request_rates():
 
 
 def test_overview_leads_with_golden_signals_and_counts_dead_exporters():
+    """The first row is what users feel (vLLM's overview leads the same way): requests/s, tokens
+    in and out, TTFT, time per token and end-to-end p95, error share, objective attainment;
+    then the cache. Every stat says "no traffic" where there is nothing to compute."""
     d = load(ROOT / "dashboards" / "llamacpp-overview.json")
+    first_row = []
+    for p in d["panels"][1:]:
+        if p["type"] == "row":
+            break
+        first_row.append(p)
+    assert [p["title"] for p in first_row] == [
+        "Requests/s",
+        "Tokens/s in",
+        "Tokens/s out",
+        "TTFT p95",
+        "Time per token p95",
+        "End-to-end p95",
+        "Error share",
+        "Objective attainment",
+    ]
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in first_row}
+    assert "llamacpp_server_prompt_tokens_total" in exprs["Tokens/s in"]
+    assert "llamacpp_server_tokens_predicted_total" in exprs["Tokens/s out"]
+    for title, metric in (
+        ("TTFT p95", "llamacpp_time_to_first_token_seconds_bucket"),
+        ("Time per token p95", "llamacpp_time_per_output_token_seconds_bucket"),
+        ("End-to-end p95", "llamacpp_request_duration_seconds_bucket"),
+    ):
+        assert exprs[title].startswith("histogram_quantile(0.95") and metric in exprs[title]
+    assert 'reason=~"failed|cancelled"' in exprs["Error share"]
+    for key, le in (("time_to_first_token", "10.0"), ("time_per_output_token", "0.1"), ("queue_time", "5.0")):
+        assert f'le="{le}"' in exprs["Objective attainment"], key
+    for p in first_row:
+        assert p["fieldConfig"]["defaults"]["noValue"] == "no traffic", p["title"]
+        assert {"type": "special", "options": {"match": "nan", "result": {"text": "no traffic", "color": "text"}}} in (
+            p["fieldConfig"]["defaults"]["mappings"]
+        )
+    second_row = d["panels"][len(first_row) + 2 :]
+    assert second_row[0]["title"].startswith("RAM-path miss ratio")
     panels = [p for p in d["panels"] if p["type"] != "row"]
     down = next(p for p in panels if p["title"] == "Servers down")
     assert "up{" in down["targets"][0]["expr"] and "== 0" in down["targets"][0]["expr"]
-    exprs = " ".join(t["expr"] for p in panels[:12] for t in p["targets"])
+    exprs_all = " ".join(t["expr"] for p in panels for t in p["targets"])
     for m in (
         "llamacpp_server_tokens_predicted_total",
         "llamacpp_server_requests_processing",
@@ -90,7 +127,7 @@ def test_overview_leads_with_golden_signals_and_counts_dead_exporters():
         "llamacpp_slots_processing",
         "llamacpp_slots_context_usage_ratio",
     ):
-        assert m in exprs, m
+        assert m in exprs_all, m
     heatmaps = {m for p in panels if p["type"] == "heatmap" for m in metric_names(p["targets"][0]["expr"])}
     assert heatmaps == {"llamacpp_prefill_duration_seconds_bucket", "llamacpp_time_per_output_token_seconds_bucket"}
     for p in panels:
@@ -128,7 +165,7 @@ SCHEMA_EXTRAS = (
     | {
         f".annotations.list[{i}].{k}"
         for i in range(1, 4)
-        for k in ("expr", "step", "titleFormat", "textFormat", "useValueForTime")
+        for k in ("expr", "step", "titleFormat", "textFormat", "useValueForTime", "tagKeys")
     }
 )
 
@@ -221,21 +258,48 @@ def test_overview_has_the_latency_users_know_a_table_per_server_and_restart_mark
         ("End-to-end latency", "llamacpp_request_duration_seconds_bucket"),
     ):
         exprs = [t["expr"] for t in panels[title]["targets"]]
-        assert [e.split(",", 1)[0] for e in exprs] == [f"histogram_quantile({p}" for p in ("0.5", "0.9", "0.99")]
+        assert [e.split(",", 1)[0] for e in exprs] == [
+            f"histogram_quantile({p}" for p in ("0.5", "0.9", "0.95", "0.99")
+        ]
         assert all(metric in e for e in exprs)
-    assert "llamacpp_requests_cancelled_total" in panels["Error rate"]["targets"][0]["expr"]
+    assert "llamacpp_requests_finished_total" in panels["Error share"]["targets"][0]["expr"]
     table = next(p for p in d["panels"] if p["type"] == "table")
     assert all("by (instance)" in t["expr"] or "instance)" in t["expr"] for t in table["targets"])
     names = {a["name"] for a in d["annotations"]["list"]}
-    assert {"llama-server restarts", "llama-server build changes"} <= names
+    assert {"llama-server restarts", "llama-server build changes", "Firing alerts"} <= names
+    firing = next(a for a in d["annotations"]["list"] if a["name"] == "Firing alerts")
+    assert firing["expr"].startswith('ALERTS{alertstate="firing"')
 
 
-def test_quantile_panels_show_p99_and_keep_a_window_that_holds_requests_at_low_traffic():
+def test_the_server_table_colours_cells_past_thresholds_and_links_each_server_to_its_view():
+    d = load(ROOT / "dashboards" / "llamacpp-overview.json")
+    table = next(p for p in d["panels"] if p["type"] == "table")
+    by_name = {
+        o["matcher"]["options"]: {x["id"]: x["value"] for x in o["properties"]}
+        for o in table["fieldConfig"]["overrides"]
+    }
+    th = yaml.safe_load((ROOT / "mixin" / "thresholds.yaml").read_text())
+    for column, red in (
+        ("error share", th["request_errors"]["ratio"]),
+        ("TTFT p95", th["latency_objectives"]["time_to_first_token"]),
+        ("time/token p95", th["latency_objectives"]["time_per_output_token"]),
+        ("queue p95", th["latency_objectives"]["queue_time"]),
+        ("RAM-path miss ratio", th["ram_miss_rate"]["ratio"]),
+    ):
+        assert by_name[column]["thresholds"]["steps"][-1] == {"color": "red", "value": red}, column
+        assert by_name[column]["custom.cellOptions"] == {"type": "color-background"}
+    (link,) = by_name["instance"]["links"]
+    assert link["url"].startswith("/d/llamacpp-overview?") and "var-instance=${__value.raw}" in link["url"]
+    assert table["fieldConfig"]["defaults"]["noValue"] == "no traffic"
+
+
+def test_quantile_panels_show_p95_p99_and_keep_a_window_that_holds_requests_at_low_traffic():
     for path in DASHBOARDS:
         for p in load(path)["panels"]:
             exprs = [t["expr"] for t in p.get("targets", [])]
             if p["type"] == "timeseries" and any(e.startswith("histogram_quantile") for e in exprs):
                 assert any(e.startswith("histogram_quantile(0.99") for e in exprs), p["title"]
+                assert any(e.startswith("histogram_quantile(0.95") for e in exprs), p["title"]
                 # at a request a minute, a 1m window ($__rate_interval at 15 s scrapes) is mostly empty
                 assert p.get("interval") == "5m", p["title"]
 

@@ -446,3 +446,43 @@ def impatient_ids_workload(
     if errors:
         raise errors[0]
     return results, gave_up[0]
+
+
+def saturating_workload(url: str, requests: int = 30, tokens: int = 256, apart: float = 0.1) -> list[Truth]:
+    """More than a one-slot server serves: `requests` chat requests arriving `apart` seconds
+    apart, each generating `tokens` tokens (end of sequence ignored), so that each waits behind
+    all the earlier ones. Each sends an X-Conversation-Id (its arrival is then pinned in the
+    log). Returns their ground truth."""
+    results: list[Truth] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        rng = random.Random(f"saturate-{i}")
+        body = {
+            "messages": [{"role": "user", "content": text(rng, 40)}],
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+        t0 = time.time()
+        try:
+            r = httpx.post(
+                url + "/v1/chat/completions", json=body, headers={"X-Conversation-Id": f"busy-{i}"}, timeout=900
+            )
+            r.raise_for_status()
+            with lock:
+                results.append(_truth(f"busy-{i}", 0, False, r.json()["timings"], t0))
+        except BaseException as e:  # noqa: BLE001 - surfaced below
+            errors.append(e)
+
+    threads = []
+    for i in range(requests):
+        threads.append(threading.Thread(target=one, args=(i,)))
+        threads[-1].start()
+        time.sleep(apart)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
