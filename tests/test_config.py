@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from llamacpp_exporter.cli import build_parser, config_from_args
-from llamacpp_exporter.config import ConfigError, load_file, read_api_key, settings, validate
+from llamacpp_exporter.config import ConfigError, load_file, load_file_and_mistakes, read_api_key, settings, validate
 
 CONF = Path(__file__).parent / "fixtures" / "config"
 
@@ -358,3 +358,63 @@ def test_top_never_prints_the_password_of_the_url_it_cannot_read():
     res = cli("top", "--once", "--url", f"http://prometheus:{CANARY}@127.0.0.1:{free_port()}")
     assert res.returncode == 1 and "prometheus:xxxxx@127.0.0.1" in res.stderr, res.stderr
     assert CANARY not in res.stdout + res.stderr
+
+
+def test_histogram_bounds_come_from_the_configuration_flags_and_file(tmp_path):
+    """metrics.*_buckets set the bounds the histograms are served with (+Inf added), from the
+    file or a flag (which wins); a request slower than the last bound still lands in +Inf."""
+    from prometheus_client import CollectorRegistry
+    from support import log_lines
+
+    from llamacpp_exporter.pipeline import Pipeline
+
+    f = tmp_path / "c.yaml"
+    f.write_text("metrics:\n  latency_buckets: [1, 10, 3600]\n  time_per_output_token_buckets: [0.1]\n")
+    args = build_parser().parse_args(["--config.file", str(f), "--metrics.time-per-output-token-buckets", "0.01,0.1"])
+    cfg = config_from_args(args)
+    assert cfg.metrics.latency_buckets == (1.0, 10.0, 3600.0)
+    assert cfg.metrics.time_per_output_token_buckets == (0.01, 0.1)
+    registry = CollectorRegistry()
+    pl = Pipeline(registry, buckets=cfg.metrics, clock=lambda: 0.0)
+    for line in log_lines("lv4-np2-text.log"):
+        pl.process_line(line, 0.0)
+    pl.flush()
+
+    def bounds(name: str) -> list[str]:
+        return sorted(
+            {s.labels["le"] for m in registry.collect() for s in m.samples if s.name == name + "_bucket"},
+            key=float,
+        )
+
+    assert bounds("llamacpp_time_to_first_token_seconds") == ["1.0", "10.0", "3600.0", "+Inf"]
+    assert bounds("llamacpp_request_duration_seconds") == ["1.0", "10.0", "3600.0", "+Inf"]
+    assert bounds("llamacpp_time_per_output_token_seconds") == ["0.01", "0.1", "+Inf"]
+    assert bounds("llamacpp_prefill_duration_seconds")[-2:] == ["3600.0", "+Inf"]  # the default: up to an hour
+    count = registry.get_sample_value("llamacpp_time_to_first_token_seconds_count", {"model": ""})
+    assert (
+        count
+        and registry.get_sample_value("llamacpp_time_to_first_token_seconds_bucket", {"model": "", "le": "+Inf"})
+        == count
+    )
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("[]", "between 1 and 40 bounds"),
+        ("[1, 0.5]", "bounds must increase"),
+        ("[0, 1]", "finite numbers above 0"),
+        ("[1, .inf]", "finite numbers above 0"),
+        ("[1, true]", "expected a list of numbers"),
+        ("fast", "expected a list of numbers"),
+    ],
+)
+def test_bad_bucket_bounds_are_configuration_errors_naming_the_key(tmp_path, value, message):
+    f = tmp_path / "c.yaml"
+    f.write_text(f"metrics:\n  latency_buckets: {value}\n")
+    cfg, mistakes = load_file_and_mistakes(str(f))
+    if not mistakes:
+        with pytest.raises(ConfigError) as e:
+            validate(cfg)
+        mistakes = list(e.value.messages)
+    assert any(m.startswith("metrics.latency_buckets:") and message in m for m in mistakes), mistakes

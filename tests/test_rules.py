@@ -128,3 +128,15 @@ def test_user_facing_text_describes_the_case_not_our_name_for_it():
     ]
     for f in files:
         assert not re.search(r"\bseed'?s?\b", f.read_text(), re.IGNORECASE), f
+
+
+def test_a_latency_objective_that_is_no_bucket_bound_is_refused_by_the_generator():
+    """The share over an objective is read from the bucket at that bound: an objective between
+    two bounds would have no bucket, and its alert could never fire."""
+    from mixin import queries, rules
+
+    c = queries.thresholds()
+    rules.recording_rules(c)  # the shipped objectives are bounds of the exporter's buckets
+    c["latency_objectives"]["time_to_first_token"] = 7
+    with pytest.raises(SystemExit, match="time_to_first_token 7 is not a bound"):
+        rules.recording_rules(c)
