@@ -4,6 +4,7 @@ Prometheus loads as is (alerts/llamacpp-rules.yaml, alerts/llamacpp-alerts.yaml)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
@@ -20,24 +21,35 @@ BY_M = "job, instance, model"
 ON = "{{ $labels.instance }}{{ with $labels.model }} (model {{ . }}){{ end }}"
 
 
-# The latency objectives (thresholds.yaml latency_objectives): its key, the histogram, the
-# alert's name, what a request over the objective did, and the exporter's default buckets
+@dataclass(frozen=True)
+class Objective:
+    """A latency objective of thresholds.yaml's latency_objectives."""
+
+    key: str
+    histogram: str
+    alert: str
+    slower_means: str  # what a request over the objective did ({s}: the objective, {r}: 1/s)
+    default_buckets: tuple[float, ...]  # the exporter's: an objective must be one of them
+
+
 OBJECTIVES = (
-    (
+    Objective(
         "time_to_first_token",
         q.TTFT,
         "LlamaCppTimeToFirstTokenSlow",
         "waited more than {s:g} s for their first token",
         LATENCY_BUCKETS,
     ),
-    (
+    Objective(
         "time_per_output_token",
         q.TPOT,
         "LlamaCppTimePerOutputTokenSlow",
         "generated slower than {r:g} tokens/s",
         TPOT_BUCKETS,
     ),
-    ("queue_time", q.QUEUE, "LlamaCppQueueTimeSlow", "waited more than {s:g} s for a free slot", LATENCY_BUCKETS),
+    Objective(
+        "queue_time", q.QUEUE, "LlamaCppQueueTimeSlow", "waited more than {s:g} s for a free slot", LATENCY_BUCKETS
+    ),
 )
 OBJECTIVE_PAIRS = ("fast", "slow")
 
@@ -54,11 +66,11 @@ def over_objective_record(histogram: str, window: str) -> str:
 
 def check_objectives(lo: dict[str, Any]) -> None:
     """An objective that is no bucket bound has no bucket to count requests within it."""
-    for key, _, _, _, buckets in OBJECTIVES:
-        if float(lo[key]) not in buckets:
+    for o in OBJECTIVES:
+        if float(lo[o.key]) not in o.default_buckets:
             raise SystemExit(
-                f"mixin/thresholds.yaml: latency_objectives.{key} {lo[key]} is not a bound of the exporter's buckets "
-                f"{list(buckets)}: choose one of them"
+                f"mixin/thresholds.yaml: latency_objectives.{o.key} {lo[o.key]} is not a bound of the exporter's "
+                f"buckets {list(o.default_buckets)}: choose one of them"
             )
 
 
@@ -142,13 +154,14 @@ def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
     check_objectives(lo)
     ratio_windows, long_windows = objective_windows(lo)
     objectives = []
-    for key, hist, _, _, _ in OBJECTIVES:
+    for o in OBJECTIVES:
+        h = o.histogram
         objectives += [
-            {"record": over_objective_record(hist, w), "expr": expr(q.over_objective_ratio(hist, s, BY_M, w, lo[key]))}
+            {"record": over_objective_record(h, w), "expr": expr(q.over_objective_ratio(h, s, BY_M, w, lo[o.key]))}
             for w in ratio_windows
         ]
         objectives += [
-            {"record": f"job_instance_model:{hist}_count:increase{w}", "expr": q.increase(hist + "_count", s, w, BY_M)}
+            {"record": f"job_instance_model:{h}_count:increase{w}", "expr": q.increase(h + "_count", s, w, BY_M)}
             for w in long_windows
         ]
     return {
@@ -176,24 +189,25 @@ def alert(name: str, exp: str, for_: str, severity: str, summary: str, descripti
 def latency_objective_alerts(c: dict[str, Any]) -> list[dict]:
     s, lo = c["selector"], c["latency_objectives"]
     out = []
-    for key, hist, name, what, _ in OBJECTIVES:
-        seconds = lo[key]
-        did = what.format(s=seconds, r=1 / seconds)
+    for o in OBJECTIVES:
+        seconds = lo[o.key]
+        did = o.slower_means.format(s=seconds, r=1 / seconds)
         for pair in OBJECTIVE_PAIRS:
             p = lo[pair]
+            # burn rate x the error budget: the share over the objective that spends it that fast
             share = round(p["burn"] * (1 - lo["target"]), 6)
             a = alert(
-                name,
+                o.alert,
                 f"""
-{over_objective_record(hist, p["short"])} > {share}
+{over_objective_record(o.histogram, p["short"])} > {share}
 and
-{over_objective_record(hist, p["long"])} > {share}
+{over_objective_record(o.histogram, p["long"])} > {share}
 and
-job_instance_model:{hist}_count:increase{p["long"]} >= {lo["min_requests"]}
+job_instance_model:{o.histogram}_count:increase{p["long"]} >= {lo["min_requests"]}
 """,
                 p["for"],
                 p["severity"],
-                f"Requests are slower than their objective: {key.replace('_', ' ')} over {seconds:g} s.",
+                f"Requests are slower than their objective: {o.key.replace('_', ' ')} over {seconds:g} s.",
                 f"{{{{ $value | humanizePercentage }}}} of the requests on {ON} {did} over the last {p['short']}, "
                 f"and more than {share:.0%} over {p['long']} (at least {lo['min_requests']} requests); the objective is "
                 f"{lo['target']:.0%} within it.",
@@ -202,10 +216,10 @@ job_instance_model:{hist}_count:increase{p["long"]} >= {lo["min_requests"]}
             a["labels"].update({"short": p["short"], "long": p["long"]})
             out.append(a)
     missing = "\nor\n".join(
-        f"label_replace(\n  count by ({BY_M}) ({hist}_count{{{s}}})\n  unless on ({BY_M})\n  "
-        f"count by ({BY_M}) ({hist}_bucket{{{s}, {q.le(lo[key])}}}),\n"
-        f'  "objective", "{key}", "", ""\n)'
-        for key, hist, _, _, _ in OBJECTIVES
+        f"label_replace(\n  count by ({BY_M}) ({o.histogram}_count{{{s}}})\n  unless on ({BY_M})\n  "
+        f"count by ({BY_M}) ({o.histogram}_bucket{{{s}, {q.le(lo[o.key])}}}),\n"
+        f'  "objective", "{o.key}", "", ""\n)'
+        for o in OBJECTIVES
     )
     out.append(
         alert(
