@@ -27,7 +27,7 @@ from realserver import (
     wait_for,
     wait_healthy,
 )
-from workload import chat_workload, rotation_workload, saturating_workload, seed_scenario
+from workload import chat_workload, rotation_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
 
@@ -69,9 +69,13 @@ MAY_BE_EMPTY = {
         "each build is marked for 5 minutes after it first appears: the run may end before or after that"
     ),
     "rule LlamaCppPromptCacheLoraMismatchReuse": "a restored entry of another LoRA is kept only on some schedules",
-    "rule LlamaCppTimePerOutputTokenSlow": (
-        "a 270M model decodes faster than 10 tokens/s even on one shared CPU, unless the machine is very busy"
+    # the latency alerts firing for a saturated server and not for a healthy one:
+    # test_latency_alerts_real.py, on a machine otherwise quiet
+    "rule LlamaCppTimePerOutputTokenSlow": "a 270M model decodes faster than 10 tokens/s, unless the machine is very busy",
+    "rule LlamaCppTimeToFirstTokenSlow": (
+        "four servers on a two-CPU machine: the long prompts' first tokens may wait over 10 s for most requests"
     ),
+    "rule LlamaCppQueueTimeSlow": "the one-slot servers may queue requests over 5 s while the machine is busy",
     "rule LlamaCppRequestsQueueing": (
         "the run is shorter than its 10-minute window: llama-server's deferred gauge was 0 at its start, and the "
         "queue times of the last 5 minutes are those of the whole window, or none"
@@ -151,9 +155,7 @@ def stack(tmp_path_factory):
     # (thrashing), and one conversation between one-shots in a cache that is full but keeps it
     thrash = LlamaServer(binary, model, lora, work / "thrash", n_parallel=1, ctx=4096, cache_ram=90).start()
     fits = LlamaServer(binary, model, lora, work / "fits", n_parallel=1, ctx=4096, cache_ram=160).start()
-    # one slot on one CPU, and more requests than it serves: requests queue for tens of seconds
-    slow = LlamaServer(binary, model, lora, work / "slow", n_parallel=1, ctx=4096, threads=1, cpus="1").start()
-    servers = (one, two, thrash, fits, slow)
+    servers = (one, two, thrash, fits)
     exporters = [
         ExporterProcess(
             [
@@ -185,7 +187,6 @@ def stack(tmp_path_factory):
                 target=lambda: truths.setdefault("thrash", rotation_workload(thrash.url, 3, 0, 5, seed=3))
             ),
             threading.Thread(target=lambda: truths.setdefault("fits", rotation_workload(fits.url, 1, 1, 5, seed=4))),
-            threading.Thread(target=lambda: truths.setdefault("slow", saturating_workload(slow.url))),
         ]
         for t in rotations:
             t.start()
@@ -193,7 +194,7 @@ def stack(tmp_path_factory):
         sent_two = chat_workload(two.url, turns=3, seed=19)
         for t in rotations:
             t.join()
-        sent = (sent_one, sent_two, truths["thrash"], truths["fits"], truths["slow"])  # in the order of servers
+        sent = (sent_one, sent_two, truths["thrash"], truths["fits"])  # in the order of servers
         # every request answered is a record in Prometheus, however slow the machine
         want = {f"127.0.0.1:{e.port}": len(s) for s, e in zip(sent, exporters, strict=True)}
 
@@ -323,31 +324,3 @@ def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_ca
     (rule,) = [e for e in rule_expressions() if e.where == "rule LlamaCppPromptCacheThrashing"]
     firing = {r["metric"]["instance"] for r in prom.query(rule.promql)["data"]["result"]}
     assert firing == {thrash}
-
-
-def test_a_saturated_server_fires_the_latency_alerts_and_the_healthy_ones_do_not(stack):
-    """The one-slot server that got more requests than it serves: most of its requests waited
-    over the objectives for a slot and for their first token (their clients' own clocks say so),
-    and the time-to-first-token and queue-time alerts hold for it, and for no other server."""
-    prom: Prometheus = stack["prom"]
-    slow = f"127.0.0.1:{stack['exporters'][4].port}"
-    th = yaml.safe_load((RULE_FILES[0].parent.parent / "mixin" / "thresholds.yaml").read_text())
-    lo = th["latency_objectives"]
-    truths = stack["truths"]["slow"]
-    # the client's wait less the server's prefill and generation: the time it queued
-    queued = [t.t_end - t.t_start - (t.prompt_ms + t.predicted_ms) / 1000 for t in truths]
-    assert sum(w > lo["queue_time"] for w in queued) > len(truths) / 2, sorted(queued)
-    assert sum(w > lo["time_to_first_token"] for w in queued) > len(truths) / 2, sorted(queued)
-    for name in ("LlamaCppTimeToFirstTokenSlow", "LlamaCppQueueTimeSlow"):
-        for rule in [e for e in rule_expressions() if e.where == f"rule {name}"]:
-            holding = {r["metric"]["instance"] for r in prom.query(rule.promql)["data"]["result"]}
-            assert holding == {slow}, (name, rule.promql)
-
-        def active(name: str = name) -> list[dict]:
-            alerts = httpx.get(prom.url + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
-            return [a for a in alerts if a["labels"]["alertname"] == name]
-
-        # pending: its for: (2 minutes for the critical pair) is longer than this run
-        got = wait_for(active, f"{name} pending or firing", 30, 0.5)
-        assert {a["labels"]["instance"] for a in got} == {slow}
-        assert {a["labels"]["severity"] for a in got} == {"critical", "warning"}
