@@ -17,7 +17,10 @@ THRESHOLDS = q.thresholds()
 LARGER_CACHE_WINDOW = THRESHOLDS["windows"]["summary"]
 WINDOWS = THRESHOLDS["windows"]
 DS = {"type": "prometheus", "uid": "${datasource}"}
-S = 'job=~"$job", instance=~"$instance"'  # every series selector carries these
+CLUSTER = THRESHOLDS["cluster_label"]
+TARGET = f"{CLUSTER}, namespace, pod, job, instance"  # a scrape target's labels, where present
+# every series selector carries these; cluster and namespace are All (.*) where series lack them
+S = f'{CLUSTER}=~"$cluster", namespace=~"$namespace", job=~"$job", instance=~"$instance"'
 RI = "$__rate_interval"
 LARGE_PREFILL_TOKENS = 4096  # a bucket boundary of llamacpp_prefill_tokens (powers of two)
 
@@ -54,17 +57,34 @@ def variables() -> dict[str, Any]:
                 "regex": "",
                 "hide": 0,
             },
+            # fleets across clusters and namespaces; where the series carry neither label the
+            # variables hold nothing and All (.*) matches the series without them
+            {**query_var("cluster", "Cluster", f"label_values(llamacpp_up, {CLUSTER})"), "allValue": ".*"},
+            {
+                **query_var("namespace", "Namespace", f'label_values(llamacpp_up{{{CLUSTER}=~"$cluster"}}, namespace)'),
+                "allValue": ".*",
+            },
             # All: the jobs that export llamacpp_up (Grafana joins their names), never every job
             # Prometheus scrapes: "Servers down" counts up == 0 of this exporter's targets only
-            {k: v for k, v in query_var("job", "Job", "label_values(llamacpp_up, job)").items() if k != "allValue"},
-            query_var("instance", "Instance", 'label_values(llamacpp_up{job=~"$job"}, instance)'),
+            {
+                k: v
+                for k, v in query_var(
+                    "job", "Job", f'label_values(llamacpp_up{{{CLUSTER}=~"$cluster", namespace=~"$namespace"}}, job)'
+                ).items()
+                if k != "allValue"
+            },
+            query_var(
+                "instance",
+                "Instance",
+                f'label_values(llamacpp_up{{{CLUSTER}=~"$cluster", namespace=~"$namespace", job=~"$job"}}, instance)',
+            ),
             # a router's models; none for a plain server, whose series have no model: All (.*)
             # matches them
             {
                 **query_var(
                     "model",
                     "Model",
-                    'label_values(llamacpp_requests_total{job=~"$job", instance=~"$instance"}, model)',
+                    f"label_values(llamacpp_requests_total{{{S}}}, model)",
                 ),
                 "allValue": ".*",
             },
@@ -556,7 +576,7 @@ def overview() -> dict[str, Any]:
             "llama-servers whose /health the exporter cannot reach (not counting a server loading its model), "
             "plus exporters Prometheus cannot scrape (up == 0): a dead exporter never shows all green.",
             "none",
-            f'(count(llamacpp_up{{{S}, endpoint="health"}} == 0 unless on (job, instance) llamacpp_loading{{{S}}} == 1) '
+            f'(count(llamacpp_up{{{S}, endpoint="health"}} == 0 unless on ({TARGET}) llamacpp_loading{{{S}}} == 1) '
             f"or vector(0))\n+\n(count(up{{{S}}} == 0) or vector(0))",
             red_above=1,
             mappings=up_map,
@@ -608,13 +628,13 @@ def overview() -> dict[str, Any]:
             [
                 (
                     f"sum(rate(llamacpp_server_prompt_tokens_total{{{S}}}[{RI}])"
-                    f" and on (job, instance, model) llamacpp_server_prompt_tokens_cached_total{{{S}}})",
+                    f" and on ({TARGET}, model) llamacpp_server_prompt_tokens_cached_total{{{S}}})",
                     "prompt computed",
                 ),
                 (f"sum(rate(llamacpp_server_prompt_tokens_cached_total{{{S}}}[{RI}]))", "prompt reused"),
                 (
                     f"sum(rate(llamacpp_server_prompt_tokens_total{{{S}}}[{RI}])"
-                    f" unless on (job, instance, model) llamacpp_server_prompt_tokens_cached_total{{{S}}})",
+                    f" unless on ({TARGET}, model) llamacpp_server_prompt_tokens_cached_total{{{S}}})",
                     "prompt, reused included (older builds)",
                 ),
                 (f"sum(rate(llamacpp_server_tokens_predicted_total{{{S}}}[{RI}]))", "generated"),

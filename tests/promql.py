@@ -19,7 +19,15 @@ DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
 RULE_FILES = [ROOT / "alerts" / "llamacpp-rules.yaml", ROOT / "alerts" / "llamacpp-alerts.yaml"]
 
 # Grafana's variables, as a person would pick them for the test's Prometheus
-GRAFANA_VARS = {"$__rate_interval": "1m", "$__range": "1h", "$job": "llamacpp", "$instance": ".+", "$model": ".*"}
+GRAFANA_VARS = {
+    "$__rate_interval": "1m",
+    "$__range": "1h",
+    "$cluster": ".*",
+    "$namespace": ".*",
+    "$job": "llamacpp",
+    "$instance": ".+",
+    "$model": ".*",
+}
 
 
 def grafana_to_promql(expr: str) -> str:

@@ -40,7 +40,7 @@ def test_dashboard_shape(path):
     assert len(d["uid"]) <= 40
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-    for name in ("job", "instance"):
+    for name in ("cluster", "namespace", "job", "instance"):
         v = variables[name]
         assert v["type"] == "query" and v["datasource"]["uid"] == "${datasource}"
         assert v["multi"] and v["includeAll"]
@@ -61,6 +61,7 @@ def test_dashboard_shape(path):
             assert t["datasource"]["uid"] == "${datasource}"
             for sel in _selectors(t["expr"]):
                 assert 'job=~"$job"' in sel and 'instance=~"$instance"' in sel, (p["title"], t["expr"])
+                assert 'cluster=~"$cluster"' in sel and 'namespace=~"$namespace"' in sel, (p["title"], t["expr"])
             for fn in ("rate(", "increase("):
                 for part in t["expr"].split(fn)[1:]:
                     window = part.split("[", 1)[1].split("]", 1)[0]
@@ -160,7 +161,7 @@ def test_dashboards_only_use_exported_metrics():
 # Keys Grafana itself writes into dashboards that the foundation SDK's schema models omit.
 SCHEMA_EXTRAS = (
     {".id", ".annotations.list[0].builtIn"}
-    | {f".templating.list[{i}].definition" for i in range(4)}
+    | {f".templating.list[{i}].definition" for i in range(6)}
     # Prometheus annotation queries: fields of the datasource's query, not of the dashboard schema
     | {
         f".annotations.list[{i}].{k}"
@@ -321,4 +322,5 @@ def test_all_jobs_means_the_exporters_jobs_not_every_job():
     every job Prometheus scrapes."""
     for path in DASHBOARDS:
         job = next(v for v in load(path)["templating"]["list"] if v["name"] == "job")
-        assert "allValue" not in job and job["definition"] == "label_values(llamacpp_up, job)"
+        assert "allValue" not in job and job["definition"].startswith("label_values(llamacpp_up{")
+        assert job["definition"].endswith("}, job)")

@@ -298,10 +298,11 @@ def test_the_log_is_rotated_in_both_layouts():
 
 
 def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path):
-    """The shipped route and inhibitions in a real Alertmanager: fifty servers down at once
-    are one notification naming all fifty; a flapping alert of a server that is down is
-    inhibited, one of a server that is up is delivered. Only the receiver and the waits are
-    changed (a webhook of this test, 1 s instead of 30 s)."""
+    """The shipped route and inhibitions in a real Alertmanager: fifty servers of one cluster
+    down at once are one notification naming all fifty and their cluster; a flapping alert of a
+    server that is down is inhibited, one of a server that is up is delivered, and so is one of
+    a server with the same instance (a pod IP) in another cluster. Only the receiver and the
+    waits are changed (a webhook of this test, 1 s instead of 30 s)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -343,30 +344,45 @@ def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path):
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/-/ready", 30, "alertmanager")
 
-        def alert(name: str, instance: str, severity: str) -> dict:
+        def alert(name: str, instance: str, severity: str, cluster: str = "eu-1") -> dict:
             labels = {"alertname": name, "job": "llamacpp", "instance": instance, "severity": severity}
+            labels |= {"cluster": cluster, "namespace": "llm"}
             return {"labels": labels, "annotations": {"summary": name}}
 
-        fleet = [alert("LlamaCppServerDown", f"server-{i}:10938", "critical") for i in range(50)]
-        flapping = [alert("LlamaCppServerFlapping", i, "warning") for i in ("server-0:10938", "up-0:10938")]
+        fleet = [alert("LlamaCppServerDown", f"10.0.0.{i}:10938", "critical") for i in range(50)]
+        flapping = [
+            alert("LlamaCppServerFlapping", "10.0.0.0:10938", "warning"),  # down: inhibited
+            alert("LlamaCppServerFlapping", "10.0.9.9:10938", "warning"),  # up
+            alert("LlamaCppServerFlapping", "10.0.0.0:10938", "warning", cluster="us-1"),  # the same IP elsewhere
+        ]
         httpx.post(f"http://127.0.0.1:{port}/api/v2/alerts", json=fleet + flapping).raise_for_status()
 
         def delivered() -> dict[str, list[str]]:
             out: dict[str, list[str]] = {}
             for n in notifications:
-                out.setdefault(n["groupLabels"]["alertname"], []).extend(a["labels"]["instance"] for a in n["alerts"])
+                out.setdefault(n["groupLabels"]["alertname"], []).extend(
+                    f"{a['labels']['cluster']}/{a['labels']['instance']}" for a in n["alerts"]
+                )
             return out
 
         wait_for(
-            lambda: len(delivered().get("LlamaCppServerDown", [])) == 50 and "LlamaCppServerFlapping" in delivered(),
+            lambda: (
+                len(delivered().get("LlamaCppServerDown", [])) == 50
+                and len(delivered().get("LlamaCppServerFlapping", [])) == 2
+            ),
             "the outage's and the flapping server's notifications",
             30,
         )
         time.sleep(3)  # a few group_intervals: a second notification would have come by now
         down = [n for n in notifications if n["groupLabels"]["alertname"] == "LlamaCppServerDown"]
         assert len(down) == 1 and len(down[0]["alerts"]) == 50
-        assert down[0]["groupLabels"] == {"alertname": "LlamaCppServerDown", "job": "llamacpp"}
-        assert delivered()["LlamaCppServerFlapping"] == ["up-0:10938"]  # server-0's is inhibited: it is down
+        assert down[0]["groupLabels"] == {
+            "alertname": "LlamaCppServerDown",
+            "cluster": "eu-1",
+            "namespace": "llm",
+            "job": "llamacpp",
+        }
+        assert sorted(delivered()["LlamaCppServerFlapping"]) == ["eu-1/10.0.9.9:10938", "us-1/10.0.0.0:10938"]
     finally:
         terminate(proc)
         hook.shutdown()

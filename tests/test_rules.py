@@ -140,3 +140,40 @@ def test_a_latency_objective_that_is_no_bucket_bound_is_refused_by_the_generator
     c["latency_objectives"]["time_to_first_token"] = 7
     with pytest.raises(SystemExit, match="time_to_first_token 7 is not a bound"):
         rules.recording_rules(c)
+
+
+# What a PodMonitor's series carry, and a cluster label as Thanos or Mimir see it
+TARGET = {"namespace": "llm", "pod": "llama-server-7d9f-0"}
+NO_TARGET_LABELS = {"LlamaCppExporterAbsent"}  # absent() knows only its selector's labels
+
+
+def _with_labels(series: str, labels: dict[str, str]) -> str:
+    extra = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    if "{" not in series:
+        return f"{series}{{{extra}}}"
+    return series.replace("}", f",{extra}}}", 1) if not series.endswith("{}") else series[:-1] + extra + "}"
+
+
+def test_every_alert_keeps_the_cluster_namespace_and_pod_its_series_carry(tmp_path):
+    """Every promtool case again, each input series labelled as behind a PodMonitor in a named
+    cluster: every alert that fired fires again, now carrying those labels (Alertmanager routes
+    and inhibits by them; pod-IP instances repeat across clusters). The cases without them
+    are the shipped ones above."""
+    cluster = yaml.safe_load((ROOT / "mixin" / "thresholds.yaml").read_text())["cluster_label"]
+    labels = {cluster: "eu-west-1", **TARGET}
+    doc = yaml.safe_load(TESTS.read_text())
+    doc["rule_files"] = [str(f) for f in RULE_FILES]
+    fired = 0
+    for t in doc["tests"]:
+        for s in t.get("input_series", []):
+            s["series"] = _with_labels(s["series"], labels)
+        for a in t.get("alert_rule_test", []):
+            for e in a.get("exp_alerts") or []:
+                if a["alertname"] not in NO_TARGET_LABELS:
+                    e["exp_labels"].update(labels)
+                    fired += 1
+    assert fired >= len({a["alert"] for a in alerts()}) - len(NO_TARGET_LABELS)
+    labelled = tmp_path / "labelled.test.yaml"
+    labelled.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+    res = promtool("test", "rules", str(labelled))
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr
