@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import socket
 import ssl
 import subprocess
 import sys
@@ -186,7 +187,9 @@ def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured):
     [
         ({"tls_server_config": {"cert_file": "x"}}, "cert_file and key_file are required"),
         ({"tls_server_config": {"cert_file": "x", "key_file": "y", "cipher_suites": []}}, "cipher_suites"),
-        ({"http_server_config": {"http2": True}}, "unsupported key(s): http_server_config"),
+        ({"http_server_config": {"headers": {"X-Powered-By": "me"}}}, "X-Powered-By is not one of"),
+        ({"http_server_config": {"headers": {"X-Frame-Options": "allow"}}}, "one of deny, sameorigin"),
+        ({"http_server_config": {"http3": True}}, "unsupported key(s): http3"),
         ({"basic_auth_users": {"u": "plaintext"}}, "not a bcrypt hash"),
         ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load"),
     ],
@@ -436,3 +439,80 @@ def test_at_the_open_file_limit_a_new_scrape_is_answered_and_nothing_spins(tmp_p
             s.close()
         terminate(proc)
     assert "Traceback" not in (tmp_path / "exporter.stderr").read_text()
+
+
+def _served_certificate(port: int) -> bytes:
+    """The certificate the server presents, whatever it is signed by."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der
+    return der
+
+
+def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_file_keeps_the_old(tmp_path):
+    """As the exporter-toolkit does: cert-manager (or anyone) writes a new certificate and key
+    over the files the web configuration names, and the next connection gets the new one; a
+    configuration that no longer loads keeps the one in force, says so in the log and in
+    llamacpp_exporter_web_config_last_reload_successful. http_server_config's headers are sent."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    ca_old, crt_old, key_old = make_certs(old)
+    ca_new, crt_new, key_new = make_certs(new)
+    live = tmp_path / "live"
+    live.mkdir()
+    crt, key = live / "tls.crt", live / "tls.key"
+    crt.write_bytes(crt_old.read_bytes())
+    key.write_bytes(key_old.read_bytes())
+    web = tmp_path / "web.yml"
+    doc = {
+        "tls_server_config": {"cert_file": str(crt), "key_file": str(key)},
+        "http_server_config": {"headers": {"Strict-Transport-Security": "max-age=31536000"}},
+    }
+    web.write_text(yaml.safe_dump(doc))
+    port = free_port()
+    err_path = tmp_path / "exporter.stderr"
+    err = open(err_path, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+         "--web.config.file", str(web), "--llama.url", f"http://127.0.0.1:{free_port()}"],
+        stdout=err, stderr=err, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    err.close()
+    url = f"https://127.0.0.1:{port}"
+    try:
+
+        def get(path: str, ca: Path) -> httpx.Response:
+            assert proc.poll() is None, err_path.read_text()
+            return httpx.get(url + path, verify=ssl.create_default_context(cafile=str(ca)), timeout=2)
+
+        r = wait_for(
+            lambda: get("/metrics", ca_old), "the exporter answering over TLS", 20, 0.1, ignore=(httpx.HTTPError,)
+        )
+        assert r.headers["Strict-Transport-Security"] == "max-age=31536000"
+        first = _served_certificate(port)
+        # the rotation: the new pair written over the old files, as a secret volume is updated
+        crt.write_bytes(crt_new.read_bytes())
+        key.write_bytes(key_new.read_bytes())
+        wait_for(lambda: _served_certificate(port) != first, "the new certificate served", 10, 0.2)
+        r = get("/metrics", ca_new)
+        assert 'llamacpp_exporter_web_config_reloads_total{result="success"}' in r.text
+        assert "llamacpp_exporter_web_config_last_reload_successful 1.0" in r.text
+        # a broken configuration: the one in force stays, and says so
+        web.write_text("tls_server_config: {cert_file: /nope.crt, key_file: /nope.key}\n")
+        # looked at again as connections come (at most once a second), as the toolkit does
+        def warned() -> bool:
+            get("/-/healthy", ca_new)
+            return "keeping the web configuration in force" in err_path.read_text()
+
+        wait_for(warned, "the warning", 10, 0.3)
+        r = get("/metrics", ca_new)
+        assert r.status_code == 200
+        assert "llamacpp_exporter_web_config_last_reload_successful 0.0" in r.text
+        assert 'llamacpp_exporter_web_config_reloads_total{result="failure"} 1.0' in r.text
+    finally:
+        terminate(proc)
+    assert "Traceback" not in err_path.read_text()

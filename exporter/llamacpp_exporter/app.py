@@ -40,7 +40,7 @@ from .export.http import (
     V6ThreadingWSGIServer,
     make_app,
 )
-from .export.web_config import load_web_config
+from .export.web_config import WebConfigFile
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
 from .sources.llama_server import ServerAddress, ServerPoller
@@ -283,20 +283,22 @@ class Exporter:
     def start(self) -> None:
         host, port = parse_listen_address(self.cfg.web.listen_address)
         server_class = V6ThreadingWSGIServer if ":" in host else ThreadingWSGIServer
-        security = load_web_config(self.cfg.web.config_file) if self.cfg.web.config_file else None
+        web = WebConfigFile(self.cfg.web.config_file, self.registry) if self.cfg.web.config_file else None
         self.httpd = make_server(
             host,
             port,
             make_app(
-                self.registry, self.cfg, self.costs, self.not_running, security, self.answering, self.address.describe
+                self.registry, self.cfg, self.costs, self.not_running, web, self.answering, self.address.describe
             ),
             server_class=server_class,
             handler_class=QuietHandler,
         )
-        if security is not None and security.ssl_context is not None:
-            # each handshake is done by the front door, bounded like a request's header
-            self.httpd.ssl_context = security.ssl_context
-            self.httpd.base_environ["HTTPS"] = "on"
+        if web is not None:
+            # each handshake is done by the front door, bounded like a request's header, with
+            # the certificate in force (read again when its file changes)
+            self.httpd.tls = lambda: web.current().ssl_context
+            if web.current().ssl_context is not None:
+                self.httpd.base_environ["HTTPS"] = "on"
         self.port = self.httpd.server_address[1]
         for name, target in (
             ("pipeline", self._process),

@@ -32,7 +32,7 @@ from .. import __version__
 from ..config import Config
 from .conversations import ConversationCosts
 from .exposition import make_metrics_app
-from .web_config import WebSecurity
+from .web_config import WebConfigFile
 
 log = logging.getLogger(__name__)
 
@@ -175,7 +175,8 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self.closed = dict.fromkeys(CLOSED_REASONS, 0)
         self.switching = _FastSwitching()
-        self.ssl_context: ssl.SSLContext | None = None  # TLS: each connection's handshake is done here
+        # TLS: each connection's handshake is done here, with the context in force when it came
+        self.tls: Callable[[], ssl.SSLContext | None] | None = None
         self._waiting: OrderedDict[socket.socket, _Waiting] = OrderedDict()  # the oldest first
         self.max_waiting = _max_waiting()
         self._selector = selectors.DefaultSelector()
@@ -237,10 +238,11 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
             if len(self._waiting) >= self.max_waiting:
                 self._close_waiting(next(iter(self._waiting)), "waiting_limit")
             conn.setblocking(False)
-            handshaking = self.ssl_context is not None
-            if self.ssl_context is not None:
+            ctx = self.tls() if self.tls is not None else None
+            handshaking = ctx is not None
+            if ctx is not None:
                 try:
-                    conn = self.ssl_context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+                    conn = ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
                 except OSError:
                     conn.close()
                     continue
@@ -451,7 +453,7 @@ def make_app(
     cfg: Config,
     costs: ConversationCosts | None = None,
     ready: Callable[[], list[str]] | None = None,
-    security: WebSecurity | None = None,
+    web: WebConfigFile | None = None,
     answering: Answering | None = None,
     polled: Callable[[], str] | None = None,
 ):
@@ -461,6 +463,13 @@ def make_app(
     telemetry = cfg.web.telemetry_path
 
     def app(environ, start_response):
+        security = web.current() if web is not None else None
+        if security is not None and security.headers:
+            respond = start_response
+
+            def start_response(status, headers, exc_info=None):
+                return respond(status, [*headers, *security.headers], exc_info)
+
         if security is not None and not security.authorized(environ.get("HTTP_AUTHORIZATION")):
             start_response(
                 "401 Unauthorized",
