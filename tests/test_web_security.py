@@ -503,6 +503,7 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_file_kee
         assert "llamacpp_exporter_web_config_last_reload_successful 1.0" in r.text
         # a broken configuration: the one in force stays, and says so
         web.write_text("tls_server_config: {cert_file: /nope.crt, key_file: /nope.key}\n")
+
         # looked at again as connections come (at most once a second), as the toolkit does
         def warned() -> bool:
             get("/-/healthy", ca_new)

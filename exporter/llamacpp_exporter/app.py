@@ -287,9 +287,7 @@ class Exporter:
         self.httpd = make_server(
             host,
             port,
-            make_app(
-                self.registry, self.cfg, self.costs, self.not_running, web, self.answering, self.address.describe
-            ),
+            make_app(self.registry, self.cfg, self.costs, self.not_running, web, self.answering, self.address.describe),
             server_class=server_class,
             handler_class=QuietHandler,
         )
