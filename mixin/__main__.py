@@ -20,6 +20,11 @@ def render() -> dict[str, str]:
     def dump(d: dict) -> str:
         return header + yaml.safe_dump(d, sort_keys=False, width=200, allow_unicode=True)
 
+    boards = {name.removeprefix("dashboards/"): text for name, text in dashboards.render().items()}
+
+    def dump_all(docs: list[dict]) -> str:
+        return header + yaml.safe_dump_all(docs, sort_keys=False, width=200, allow_unicode=True)
+
     return {
         "alerts/llamacpp-rules.yaml": dump(rules.recording_rules(c)),
         "alerts/llamacpp-alerts.yaml": dump(rules.alerting_rules(c)),
@@ -38,6 +43,12 @@ def render() -> dict[str, str]:
         ),
         "deploy/kubernetes/servicemonitor.yaml": "# Alternative to podmonitor.yaml: scrape through the Service (use one of the two).\n"
         + dump(kubernetes.service_monitor(c)),
+        "deploy/kubernetes/dashboards.yaml": "# The dashboards as ConfigMaps for the kube-prometheus-stack Grafana sidecar (label\n"
+        "# grafana_dashboard: \"1\"); the grafana-operator component reads the same ConfigMaps.\n"
+        + dump_all(kubernetes.dashboard_configmaps(boards)),
+        "deploy/kubernetes/grafana-operator/grafanadashboards.yaml": "# The Grafana Operator's GrafanaDashboard objects: "
+        "add the component to your kustomization\n# (components: [grafana-operator]) where the operator runs.\n"
+        + dump_all(kubernetes.grafana_dashboards(boards)),
         **dashboards.render(),
     }
 

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES = COMPOSE["services"]
-K8S = [d for f in sorted((ROOT / "deploy/kubernetes").glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+K8S_FILES = sorted(f for f in (ROOT / "deploy/kubernetes").glob("*.yaml") if f.name != "kustomization.yaml")
+K8S = [d for f in K8S_FILES for d in yaml.safe_load_all(f.read_text()) if d]
 
 
 def pinned(image: str) -> bool:
@@ -224,7 +225,7 @@ def test_docker_compose_config_accepts_the_stack_and_its_gpu_variant():
 def test_kubernetes_manifests_match_kubernetes_schemas():
     res = subprocess.run(
         [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet",
-         *map(str, sorted((ROOT / "deploy/kubernetes").glob("*.yaml")))],
+         *map(str, K8S_FILES)],
         capture_output=True,
         text=True,
     )  # fmt: skip
@@ -245,6 +246,75 @@ def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path):
     broken = [{**objs[0], "spec": {**objs[0]["spec"], "podMetricsEndpoints": [{"port": 10938}]}}]
     res = subprocess.run(["node", str(script)], input=json.dumps(broken), capture_output=True, text=True)
     assert res.returncode == 1 and "INVALID" in res.stdout  # the validator can fail
+
+
+def _kustomize(directory: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl is missing: the test set-up installs it"
+    res = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return [d for d in yaml.safe_load_all(res.stdout) if d]
+
+
+def _validate_operator_objects(objs: list[dict]) -> subprocess.CompletedProcess:
+    script = CACHE / "node" / "validate_prometheus_operator.mjs"  # next to its node_modules: ESM resolves from there
+    shutil.copy(ROOT / "tests/setup/validate_prometheus_operator.mjs", script)
+    return subprocess.run(["node", str(script)], input=json.dumps(objs), capture_output=True, text=True)
+
+
+def test_the_kustomize_base_renders_everything_valid_and_the_dashboards_for_both_grafana_deliveries(tmp_path):
+    """kubectl kustomize renders the base (and an overlay setting a namespace with the Grafana
+    Operator component): every object valid against Kubernetes' schemas or its operator's CRD
+    schema; the dashboards' ConfigMaps, labelled for kube-prometheus-stack's Grafana sidecar,
+    hold dashboards/*.json as generated; every GrafanaDashboard reads one of them."""
+    base = _kustomize(ROOT / "deploy/kubernetes")
+    assert {d["kind"] for d in base} == {"Deployment", "Service", "ConfigMap", "PodMonitor", "PrometheusRule"}
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    rel = os.path.relpath(ROOT / "deploy/kubernetes", overlay)
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "namespace": "llm",
+                "resources": [rel],
+                "components": [f"{rel}/grafana-operator"],
+            }
+        )
+    )
+    rendered = _kustomize(overlay)
+    assert all(d["metadata"]["namespace"] == "llm" for d in rendered)
+    core = [d for d in rendered if "/" not in d["apiVersion"] or d["apiVersion"].startswith("apps/")]
+    (tmp_path / "core.yaml").write_text(yaml.safe_dump_all(core))
+    res = subprocess.run(
+        [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet", str(tmp_path / "core.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 0, res.stdout + res.stderr
+    operated = [d for d in rendered if d not in core]
+    assert {d["kind"] for d in operated} == {"PodMonitor", "PrometheusRule", "GrafanaDashboard"}
+    res = _validate_operator_objects(operated)
+    assert res.returncode == 0, res.stdout + res.stderr
+    boards = {f.name: f.read_text() for f in (ROOT / "dashboards").glob("*.json")}
+    maps = {
+        d["metadata"]["name"]: d
+        for d in rendered
+        if d["kind"] == "ConfigMap" and d["metadata"].get("labels", {}).get("grafana_dashboard") == "1"
+    }
+    assert sorted(k for m in maps.values() for k in m["data"]) == sorted(boards)
+    for m in maps.values():
+        for key, text in m["data"].items():
+            assert text == boards[key]
+    refs = [d["spec"]["configMapRef"] for d in rendered if d["kind"] == "GrafanaDashboard"]
+    assert sorted(r["key"] for r in refs) == sorted(boards)
+    assert all(r["key"] in maps[r["name"]]["data"] for r in refs)
+    # the validator can fail for a GrafanaDashboard too
+    board = next(d for d in operated if d["kind"] == "GrafanaDashboard")
+    broken = [{**board, "spec": {**board["spec"], "configMapRef": "not an object"}}]
+    res = _validate_operator_objects(broken)
+    assert res.returncode == 1 and "INVALID" in res.stdout
 
 
 # ---------------------------------------------------------------- the ninety-day points
@@ -290,7 +360,7 @@ def test_the_log_is_rotated_in_both_layouts():
     containers = {c["name"]: c for c in pod["containers"]}
     env = {e["name"]: e["value"] for e in containers["log-rotate"]["env"]}
     assert env["LOG"] == _arg(containers["llama-server"]["args"], "--log-file")
-    (cm,) = _kind("ConfigMap")
+    (cm,) = [c for c in _kind("ConfigMap") if c["metadata"]["name"] == "llamacpp-log-rotate"]
     assert cm["data"]["rotate.sh"] == (ROOT / "deploy/logrotate/rotate.sh").read_text()
     # what the rotation keeps on disk stays well inside the emptyDir's sizeLimit
     size_limit = next(v for v in pod["volumes"] if v["name"] == "logs")["emptyDir"]["sizeLimit"]

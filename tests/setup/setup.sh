@@ -18,7 +18,8 @@ command -v make >/dev/null || missing+=(make)
 command -v docker-compose >/dev/null || missing+=(docker-compose)  # `config` validates the compose files, no engine
 command -v busybox >/dev/null || missing+=(busybox)                # runs deploy/logrotate/rotate.sh as its image does
 command -v openssl >/dev/null || missing+=(openssl)                # certificates for the TLS test
-command -v npm >/dev/null || missing+=(nodejs npm)                 # the Prometheus Operator's schemas
+command -v npm >/dev/null || missing+=(nodejs npm)                 # the Prometheus and Grafana Operators' schemas
+command -v kubectl >/dev/null || missing+=(kubectl)                # kubectl kustomize renders deploy/kubernetes
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}" >&2
   $SUDO apt-get update -qq >&2
@@ -34,13 +35,16 @@ fi
 # builds the package as `pip install .` does, compiled, and checks it against the source
 LLAMACPP_EXPORTER_COMPILE=0 "$ROOT/.venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]" >&2
 
-# The Prometheus Operator's CRD schemas with a validator (kubernetes-models, from the npm registry)
+# The Prometheus Operator's and the Grafana Operator's CRD schemas with a validator
+# (kubernetes-models, from the npm registry; grafana-operator 3.0.0 holds the operator's v5.22 CRDs)
 NODE_DIR="$CACHE/node"
-if [[ ! -d "$NODE_DIR/node_modules/@kubernetes-models/prometheus-operator" ]]; then
-  echo "setup: installing @kubernetes-models/prometheus-operator into $NODE_DIR" >&2
-  mkdir -p "$NODE_DIR"
-  npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent @kubernetes-models/prometheus-operator@6.0.0 >&2
-fi
+for pkg in prometheus-operator@6.0.0 grafana-operator@3.0.0; do
+  if [[ ! -d "$NODE_DIR/node_modules/@kubernetes-models/${pkg%@*}" ]]; then
+    echo "setup: installing @kubernetes-models/$pkg into $NODE_DIR" >&2
+    mkdir -p "$NODE_DIR"
+    npm install --prefix "$NODE_DIR" --no-audit --no-fund --silent "@kubernetes-models/$pkg" >&2
+  fi
+done
 
 PYTHON="$ROOT/.venv/bin/python" bash "$ROOT/tests/setup/build_llama_server.sh" >/dev/null
 "$ROOT/.venv/bin/python" "$ROOT/tests/setup/make_model.py" "$CACHE/models" >/dev/null
