@@ -223,13 +223,13 @@ def latency_objective_alerts(c: dict[str, Any]) -> list[dict]:
 and
 {over_objective_record(o.histogram, p["long"])} > {share}
 and
-job_instance_model:{o.histogram}_count:increase{p["long"]} >= {lo["min_requests"]}
+job_instance_model:{o.histogram}_count:increase{p["long"]} >= {p["min_requests"]}
 """,
                 p["for"],
                 p["severity"],
                 f"Requests are slower than their objective: {o.key.replace('_', ' ')} over {seconds:g} s.",
                 f"{{{{ $value | humanizePercentage }}}} of the requests on {ON} {did} over the last {p['short']}, "
-                f"and more than {share:.0%} over {p['long']} (at least {lo['min_requests']} requests); the objective is "
+                f"and more than {share:.0%} over {p['long']} (at least {p['min_requests']} requests); the objective is "
                 f"{lo['target']:.0%} within it.",
                 c,
             )
