@@ -44,7 +44,7 @@ def render() -> dict[str, str]:
         "deploy/kubernetes/servicemonitor.yaml": "# Alternative to podmonitor.yaml: scrape through the Service (use one of the two).\n"
         + dump(kubernetes.service_monitor(c)),
         "deploy/kubernetes/dashboards.yaml": "# The dashboards as ConfigMaps for the kube-prometheus-stack Grafana sidecar (label\n"
-        "# grafana_dashboard: \"1\"); the grafana-operator component reads the same ConfigMaps.\n"
+        '# grafana_dashboard: "1"); the grafana-operator component reads the same ConfigMaps.\n'
         + dump_all(kubernetes.dashboard_configmaps(boards)),
         "deploy/kubernetes/grafana-operator/grafanadashboards.yaml": "# The Grafana Operator's GrafanaDashboard objects: "
         "add the component to your kustomization\n# (components: [grafana-operator]) where the operator runs.\n"

@@ -201,7 +201,7 @@ def alert(name: str, exp: str, for_: str, severity: str, summary: str, descripti
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{c['runbook_url']}#{name.lower()}",
+            "runbook_url": c["runbook_url_pattern"] % name.lower(),
         },
     }
 

@@ -177,3 +177,25 @@ def test_every_alert_keeps_the_cluster_namespace_and_pod_its_series_carry(tmp_pa
     labelled.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
     res = promtool("test", "rules", str(labelled))
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr
+
+
+def test_every_runbook_link_follows_the_settable_pattern_to_an_entry_of_the_shipped_runbook():
+    pattern = yaml.safe_load((ROOT / "mixin" / "thresholds.yaml").read_text())["runbook_url_pattern"]
+    assert pattern.count("%s") == 1
+    runbook = (ALERTS / "runbook.md").read_text()
+    # GitHub's anchor of a heading: lower case, spaces to dashes, punctuation dropped
+    anchors = {
+        re.sub(r"[^a-z0-9 -]", "", h[3:].strip().lower()).replace(" ", "-")
+        for h in runbook.splitlines()
+        if h.startswith("## ")
+    }
+    for a in alerts():
+        url = a["annotations"]["runbook_url"]
+        assert url == pattern % a["alert"].lower()
+        assert url.rsplit("#", 1)[1] in anchors, a["alert"]
+    # another pattern reaches every link
+    from mixin import queries, rules
+
+    c = queries.thresholds() | {"runbook_url_pattern": "https://wiki.example/llama/%s"}
+    links = {r["annotations"]["runbook_url"] for g in rules.alerting_rules(c)["groups"] for r in g["rules"]}
+    assert links and all(u.startswith("https://wiki.example/llama/llamacpp") for u in links)
