@@ -47,6 +47,19 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
     return d / "ca.crt", d / "tls.crt", d / "tls.key"
 
 
+def start_with_web_config(web: Path, stderr: Path) -> tuple[subprocess.Popen, int]:
+    """The exporter with --web.config.file, polling a llama-server that is not there."""
+    port = free_port()
+    err = open(stderr, "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
+         "--web.config.file", str(web), "--llama.url", f"http://127.0.0.1:{free_port()}"],
+        stdout=err, stderr=err, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    err.close()
+    return proc, port
+
+
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory):
     d = tmp_path_factory.mktemp("web")
@@ -61,14 +74,7 @@ def secured(tmp_path_factory):
             }
         )
     )
-    port = free_port()
-    err = open(d / "exporter.stderr", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
-         "--web.config.file", str(web), "--llama.url", f"http://127.0.0.1:{free_port()}"],
-        stdout=err, stderr=err, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    err.close()
+    proc, port = start_with_web_config(web, d / "exporter.stderr")
     url = f"https://127.0.0.1:{port}"
 
     def answers() -> bool:
@@ -473,15 +479,8 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_file_kee
         "http_server_config": {"headers": {"Strict-Transport-Security": "max-age=31536000"}},
     }
     web.write_text(yaml.safe_dump(doc))
-    port = free_port()
     err_path = tmp_path / "exporter.stderr"
-    err = open(err_path, "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llamacpp_exporter", "--web.listen-address", f"127.0.0.1:{port}",
-         "--web.config.file", str(web), "--llama.url", f"http://127.0.0.1:{free_port()}"],
-        stdout=err, stderr=err, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    err.close()
+    proc, port = start_with_web_config(web, err_path)
     url = f"https://127.0.0.1:{port}"
     try:
 

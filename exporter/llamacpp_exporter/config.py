@@ -340,29 +340,29 @@ PREFILL_BUCKETS: Final = (
 MAX_BUCKETS: Final = 40  # each bound is a series per label set
 
 
+def bucket_setting(default: tuple[float, ...], of: str, flag: str) -> Any:
+    return setting(
+        default,
+        f"bucket bounds (seconds) of {of}",
+        flag=flag,
+        metavar="S,S,...",
+        default_text=",".join(f"{b:g}" for b in default),
+    )
+
+
 @dataclass(frozen=True)
 class MetricsConfig:
-    latency_buckets: tuple[float, ...] = setting(
+    latency_buckets: tuple[float, ...] = bucket_setting(
         LATENCY_BUCKETS,
-        "bucket bounds (seconds) of the queue time, time to first token and end-to-end histograms; keep the "
-        "latency objectives of your alert rules among them",
-        flag="--metrics.latency-buckets",
-        metavar="S,S,...",
-        default_text=",".join(f"{b:g}" for b in LATENCY_BUCKETS),
+        "the queue time, time to first token and end-to-end histograms; keep the latency objectives of your alert "
+        "rules among them",
+        "--metrics.latency-buckets",
     )
-    time_per_output_token_buckets: tuple[float, ...] = setting(
-        TPOT_BUCKETS,
-        "bucket bounds (seconds) of the time per output token histogram",
-        flag="--metrics.time-per-output-token-buckets",
-        metavar="S,S,...",
-        default_text=",".join(f"{b:g}" for b in TPOT_BUCKETS),
+    time_per_output_token_buckets: tuple[float, ...] = bucket_setting(
+        TPOT_BUCKETS, "the time per output token histogram", "--metrics.time-per-output-token-buckets"
     )
-    prefill_duration_buckets: tuple[float, ...] = setting(
-        PREFILL_BUCKETS,
-        "bucket bounds (seconds) of the prefill duration histogram",
-        flag="--metrics.prefill-duration-buckets",
-        metavar="S,S,...",
-        default_text=",".join(f"{b:g}" for b in PREFILL_BUCKETS),
+    prefill_duration_buckets: tuple[float, ...] = bucket_setting(
+        PREFILL_BUCKETS, "the prefill duration histogram", "--metrics.prefill-duration-buckets"
     )
 
 
