@@ -50,17 +50,17 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
             },
         )
         prom.wait_scraped(2)
-        # 14 requests of about 2.5 s each, 0.1 s apart: the k-th waits about 2.5 k s for the slot
+        # 12 requests of about 2.5 s each, 0.1 s apart: the k-th waits about 2.4 k s for the slot
         tokens = _tokens_for(slow.url, 2.5)
         beside: list = []
         quick_clients = threading.Thread(
             target=lambda: beside.extend(saturating_workload(healthy.url, requests=12, tokens=8, apart=1.0))
         )
         quick_clients.start()
-        answered = saturating_workload(slow.url, requests=14, tokens=tokens)
+        answered = saturating_workload(slow.url, requests=12, tokens=tokens)
         quick_clients.join()
         quick = beside
-        wait_records(slow.workdir / "exporter" / "events.jsonl", 15, timeout=60)
+        wait_records(slow.workdir / "exporter" / "events.jsonl", 13, timeout=60)
         wait_records(healthy.workdir / "exporter" / "events.jsonl", 12, timeout=60)
         names = {f"127.0.0.1:{e.port}": n for e, n in zip(exporters, ("slow", "healthy"), strict=True)}
 
@@ -92,10 +92,11 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
                     )
             return out
 
-        # pending: Prometheus holds them for their for: (2 minutes for the critical pair)
+        # pending: Prometheus holds them for their for: (2 minutes for the critical pair); the
+        # warning pair needs 30 requests in 6 hours, more than this run sends
         got = wait_for(lambda: len(active()) == len(ALERTS) and active(), "the alerts active in Prometheus", 30, 0.5)
         for a in ALERTS:
-            assert {(n, sev) for n, sev, _ in got[a]} == {("slow", "critical"), ("slow", "warning")}, got
+            assert {(n, sev) for n, sev, _ in got[a]} == {("slow", "critical")}, got
         assert all(state in ("pending", "firing") for states in got.values() for _, _, state in states)
     finally:
         if prom is not None:

@@ -163,6 +163,10 @@ def test_every_alert_keeps_the_cluster_namespace_and_pod_its_series_carry(tmp_pa
     labels = {cluster: "eu-west-1", **TARGET}
     doc = yaml.safe_load(TESTS.read_text())
     doc["rule_files"] = [str(f) for f in RULE_FILES]
+    # the cases where an alert fires (the quiet ones carry no labels to check, and take time)
+    for t in doc["tests"]:
+        t["alert_rule_test"] = [a for a in t.get("alert_rule_test", []) if a.get("exp_alerts")]
+    doc["tests"] = [t for t in doc["tests"] if t["alert_rule_test"]]
     fired = 0
     for t in doc["tests"]:
         for s in t.get("input_series", []):
