@@ -250,7 +250,9 @@ def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path):
 
 def _kustomize(directory: Path) -> list[dict]:
     kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl is missing: the test set-up installs it"
+    assert kubectl, (
+        "kubectl is missing: the test set-up installs Debian's kubectl (trixie on); elsewhere install kubectl >= 1.21"
+    )
     res = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     return [d for d in yaml.safe_load_all(res.stdout) if d]
