@@ -196,6 +196,8 @@ def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured):
         ({"http_server_config": {"headers": {"X-Powered-By": "me"}}}, "X-Powered-By is not one of"),
         ({"http_server_config": {"headers": {"X-Frame-Options": "allow"}}}, "one of deny, sameorigin"),
         ({"http_server_config": {"http3": True}}, "unsupported key(s): http3"),
+        ({"tls_server_config": {"cert_file": 1, "key_file": "y"}}, "tls_server_config.cert_file: a string"),
+        ({"tls_server_config": {"cert_file": "x", "key_file": "y", "min_version": ["TLS12"]}}, "min_version: a string"),
         ({"basic_auth_users": {"u": "plaintext"}}, "not a bcrypt hash"),
         ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load"),
     ],
@@ -204,6 +206,13 @@ def test_bad_web_config_is_a_clear_error(tmp_path, doc, message):
     f = tmp_path / "web.yml"
     f.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_web_config(str(f))
+
+
+def test_a_web_config_that_is_not_text_is_a_clear_error(tmp_path):
+    f = tmp_path / "web.yml"
+    f.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="not text"):
         load_web_config(str(f))
 
 

@@ -128,6 +128,8 @@ def load_web_config(path: str) -> WebSecurity:
         raise ConfigError(f"--web.config.file {path}: {e.strerror}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"--web.config.file {path}: not YAML: {e}") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"--web.config.file {path}: not text (UTF-8 YAML expected)") from None
     doc = doc or {}
     if not isinstance(doc, dict):
         raise ConfigError(f"--web.config.file {path}: expected a mapping")
@@ -239,7 +241,7 @@ class WebConfigFile:
     def _reload(self) -> None:
         try:
             security = load_web_config(self.path)
-        except ConfigError as e:
+        except Exception as e:  # noqa: BLE001 - asked at every connection: it must never raise
             self.reloads["failure"] += 1
             self.last_reload_successful = False
             log.warning("%s; keeping the web configuration in force", e)
@@ -281,6 +283,9 @@ def _ssl_context(tls: object, path: str) -> ssl.SSLContext:
         raise ConfigError(f"{where}: unsupported key(s): {', '.join(sorted(unknown))}")
     if not tls.get("cert_file") or not tls.get("key_file"):
         raise ConfigError(f"{where}: cert_file and key_file are required")
+    for key in ("cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version"):
+        if key in tls and not isinstance(tls[key], str):
+            raise ConfigError(f"{where}.{key}: a string")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     if "min_version" in tls:
