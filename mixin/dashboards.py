@@ -18,7 +18,7 @@ LARGER_CACHE_WINDOW = THRESHOLDS["windows"]["summary"]
 WINDOWS = THRESHOLDS["windows"]
 DS = {"type": "prometheus", "uid": "${datasource}"}
 CLUSTER = THRESHOLDS["cluster_label"]
-TARGET = f"{CLUSTER}, namespace, pod, job, instance"  # a scrape target's labels, where present
+TARGET = q.target_labels(THRESHOLDS)  # a scrape target's labels, where present
 # every series selector carries these; cluster and namespace are All (.*) where series lack them
 S = f'{CLUSTER}=~"$cluster", namespace=~"$namespace", job=~"$job", instance=~"$instance"'
 RI = "$__rate_interval"
@@ -444,14 +444,14 @@ LINKS = [
 ]
 
 
-OBJECTIVES = THRESHOLDS["latency_objectives"]
+LATENCY_OBJECTIVES = THRESHOLDS["latency_objectives"]
 
 
 def golden_signals(lay: Layout) -> None:
     """The first row: what users feel, over the alerts' summary window (a stat over
     $__rate_interval is mostly empty at llama.cpp's request rates)."""
     w = WINDOWS["summary"]
-    lo = OBJECTIVES
+    lo = LATENCY_OBJECTIVES
     lay.row(f"Golden signals, last {minutes(w)}")
     p95 = "p95 over the last " + minutes(w) + "utes, all selected servers."
     known = " Needs -lv 4 (the arrival is read from the log)."
@@ -511,14 +511,7 @@ def golden_signals(lay: Layout) -> None:
             "percentunit",
             "",
             green_from=lo["target"],
-            queries=[
-                (q.within_objective_ratio(hist, S, None, w, lo[key]), label)
-                for key, hist, label in (
-                    ("time_to_first_token", q.TTFT, "TTFT"),
-                    ("time_per_output_token", q.TPOT, "per token"),
-                    ("queue_time", q.QUEUE, "queue"),
-                )
-            ],
+            queries=[(q.within_objective_ratio(o.histogram, S, None, w, lo[o.key]), o.label) for o in q.OBJECTIVES],
         ),
     ]
     for panel in signals:
@@ -851,7 +844,7 @@ def overview() -> dict[str, Any]:
         8,
     )
     w_tab = WINDOWS["summary"]
-    lo = OBJECTIVES
+    lo = LATENCY_OBJECTIVES
     lay.add(
         table(
             f"Servers, last {minutes(w_tab)}",

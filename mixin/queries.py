@@ -7,10 +7,13 @@ dashboards' $job and $instance), the labels to keep, and the window.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from llamacpp_exporter.config import LATENCY_BUCKETS, TPOT_BUCKETS
 
 THRESHOLDS_PATH = Path(__file__).resolve().parent / "thresholds.yaml"
 
@@ -135,3 +138,52 @@ def finished_ratio(selector: str, by: str | None, window: str, matchers: str) ->
 
 def mean(histogram: str, selector: str, by: str | None, window: str) -> str:
     return f"{rate(histogram + '_sum', selector, window, by)}\n/\n{rate(histogram + '_count', selector, window, by)}"
+
+
+def target_labels(c: dict[str, Any]) -> str:
+    """The labels of a scrape target that operators route, inhibit and tell fleets apart by:
+    the cluster (its name is cluster_label, as kubernetes-mixin's clusterLabel), the Kubernetes
+    namespace and pod where the series carry them (a PodMonitor's), then job and instance. An
+    aggregation by labels a series lacks keeps nothing and loses nothing: the same rules serve
+    docker compose and plain Prometheus."""
+    return f"{c['cluster_label']}, namespace, pod, job, instance"
+
+
+@dataclass(frozen=True)
+class Objective:
+    """A latency objective of thresholds.yaml's latency_objectives."""
+
+    key: str
+    histogram: str
+    alert: str
+    slower_means: str  # what a request over the objective did ({s}: the objective, {r}: 1/s)
+    label: str  # its short name on a dashboard
+    default_buckets: tuple[float, ...]  # the exporter's: an objective must be one of them
+
+
+OBJECTIVES = (
+    Objective(
+        "time_to_first_token",
+        TTFT,
+        "LlamaCppTimeToFirstTokenSlow",
+        "waited more than {s:g} s for their first token",
+        "TTFT",
+        LATENCY_BUCKETS,
+    ),
+    Objective(
+        "time_per_output_token",
+        TPOT,
+        "LlamaCppTimePerOutputTokenSlow",
+        "generated slower than {r:g} tokens/s",
+        "per token",
+        TPOT_BUCKETS,
+    ),
+    Objective(
+        "queue_time",
+        QUEUE,
+        "LlamaCppQueueTimeSlow",
+        "waited more than {s:g} s for a free slot",
+        "queue",
+        LATENCY_BUCKETS,
+    ),
+)
