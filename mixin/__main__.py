@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from . import dashboards, kubernetes, queries, rules
+from . import dashboards, kubernetes, libsonnet, queries, rules
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,6 +50,7 @@ def render() -> dict[str, str]:
         "add the component to your kustomization\n# (components: [grafana-operator]) where the operator runs.\n"
         + dump_all(kubernetes.grafana_dashboards(boards)),
         **dashboards.render(),
+        libsonnet.PATH: libsonnet.render(c),
     }
 
 

@@ -12,15 +12,9 @@ import re
 from typing import Any
 
 from . import queries as q  # the PromQL blocks the rules use too
+from .jsonnet import Param
 
-THRESHOLDS = q.thresholds()
-LARGER_CACHE_WINDOW = THRESHOLDS["windows"]["summary"]
-WINDOWS = THRESHOLDS["windows"]
 DS = {"type": "prometheus", "uid": "${datasource}"}
-CLUSTER = THRESHOLDS["cluster_label"]
-TARGET = q.target_labels(THRESHOLDS)  # a scrape target's labels, where present
-# every series selector carries these; cluster and namespace are All (.*) where series lack them
-S = f'{CLUSTER}=~"$cluster", namespace=~"$namespace", job=~"$job", instance=~"$instance"'
 RI = "$__rate_interval"
 LARGE_PREFILL_TOKENS = 4096  # a bucket boundary of llamacpp_prefill_tokens (powers of two)
 
@@ -154,7 +148,35 @@ _NO_MODEL = (
     "llamacpp_exporter_log_t",
     "llamacpp_exporter_log_command",
 )
-_SELECTOR = re.compile(r"\b(llamacpp_[a-z0-9_]+)\{" + re.escape(S))
+
+
+# set by use_thresholds
+THRESHOLDS: dict[str, Any]
+WINDOWS: dict[str, Any]
+LARGER_CACHE_WINDOW: str
+LATENCY_OBJECTIVES: dict[str, Any]
+CLUSTER: str
+TARGET: str
+S: str
+_SELECTOR: re.Pattern[str]
+
+
+def use_thresholds(c: dict[str, Any]) -> None:
+    """The thresholds the builders below read (thresholds.yaml's, or the jsonnet mixin's
+    symbolic $._config: see mixin/jsonnet.py)."""
+    global THRESHOLDS, WINDOWS, LARGER_CACHE_WINDOW, LATENCY_OBJECTIVES, CLUSTER, TARGET, S, _SELECTOR
+    THRESHOLDS = c
+    WINDOWS = c["windows"]
+    LARGER_CACHE_WINDOW = WINDOWS["summary"]
+    LATENCY_OBJECTIVES = c["latency_objectives"]
+    CLUSTER = c["cluster_label"]
+    TARGET = q.target_labels(c)  # a scrape target's labels, where present
+    # every series selector carries these; cluster and namespace are All (.*) where series lack them
+    S = f'{CLUSTER}=~"$cluster", namespace=~"$namespace", job=~"$job", instance=~"$instance"'
+    _SELECTOR = re.compile(r"\b(llamacpp_[a-z0-9_]+)\{" + re.escape(S))
+
+
+use_thresholds(q.thresholds())
 
 
 def with_model(expr: str) -> str:
@@ -382,7 +404,9 @@ def dashboard(
 
 
 def minutes(window: str) -> str:
-    """15m -> 15 min, for titles."""
+    """15m -> 15 min, for titles (the jsonnet mixin's minutes() for a configured window)."""
+    if isinstance(window, Param):
+        return window.call("minutes")
     return f"{window[:-1]} min" if window.endswith("m") else window
 
 
@@ -442,9 +466,6 @@ LINKS = [
     "llamacpp-prompt-cache|llama.cpp prompt cache",
     "llamacpp-contention|llama.cpp prefill contention",
 ]
-
-
-LATENCY_OBJECTIVES = THRESHOLDS["latency_objectives"]
 
 
 def golden_signals(lay: Layout) -> None:
@@ -1370,8 +1391,18 @@ DASHBOARDS = {
 }
 
 
+def build(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """File name -> dashboard, under the thresholds `c`."""
+    use_thresholds(c)
+    try:
+        return {name: fn() for name, fn in DASHBOARDS.items()}
+    finally:
+        use_thresholds(q.thresholds())
+
+
 def render() -> dict[str, str]:
     """File name (relative to the repository) -> content."""
     return {
-        f"dashboards/{name}": json.dumps(fn(), indent=2, ensure_ascii=False) + "\n" for name, fn in DASHBOARDS.items()
+        f"dashboards/{name}": json.dumps(board, indent=2, ensure_ascii=False) + "\n"
+        for name, board in build(q.thresholds()).items()
     }

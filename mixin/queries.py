@@ -15,6 +15,8 @@ import yaml
 
 from llamacpp_exporter.config import LATENCY_BUCKETS, TPOT_BUCKETS
 
+from .jsonnet import float_text
+
 THRESHOLDS_PATH = Path(__file__).resolve().parent / "thresholds.yaml"
 
 OUTCOMES = "llamacpp_prompt_cache_outcomes_total"
@@ -30,7 +32,8 @@ def thresholds() -> dict[str, Any]:
 
 
 def _sel(selector: str, matchers: str) -> str:
-    return "{" + ", ".join(m for m in (selector, matchers) if m) + "}"
+    # f"{selector}": the rules' selector may be the jsonnet mixin's $._config.selector
+    return "{" + ", ".join(m for m in (f"{selector}", matchers) if m) + "}"
 
 
 def _sum(by: str | None, inner: str) -> str:
@@ -117,7 +120,7 @@ FAILED_OR_CANCELLED = 'reason=~"failed|cancelled"'
 def le(seconds: float) -> str:
     """The bucket of a bound as the exporter writes it (prometheus_client: 10.0, 0.1), which is
     also how Prometheus 3 normalises classic histograms' le."""
-    return f'le="{float(seconds)!r}"'
+    return f'le="{float_text(seconds)}"'
 
 
 def within_objective_ratio(histogram: str, selector: str, by: str | None, window: str, seconds: float) -> str:

@@ -19,6 +19,7 @@ command -v docker-compose >/dev/null || missing+=(docker-compose)  # `config` va
 command -v busybox >/dev/null || missing+=(busybox)                # runs deploy/logrotate/rotate.sh as its image does
 command -v openssl >/dev/null || missing+=(openssl)                # certificates for the TLS test
 command -v npm >/dev/null || missing+=(nodejs npm)                 # the Prometheus and Grafana Operators' schemas
+command -v jsonnet >/dev/null || missing+=(jsonnet)                # evaluates the jsonnet mixin (llamacpp-mixin/)
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}" >&2
   $SUDO apt-get update -qq >&2
