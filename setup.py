@@ -36,9 +36,9 @@ COMPILED = [
     "assemble/lora",
     "assemble/promptcache",
     "assemble/pseudonyms",
-    "assemble/router",
     "assemble/serverstate",
     "assemble/timeline",
+    "demux",
     "export/conversations",
     "export/metrics",
 ]

@@ -85,7 +85,7 @@ def replay(lines, ps=None, proven: bool = True) -> list[RequestRecord]:
     pl = Pipeline(
         CollectorRegistry(),
         on_record=recs.append,
-        on_proof=lambda r, conv, source: proofs.__setitem__((r.epoch, r.task), (conv, source)),
+        on_proof=lambda p: proofs.__setitem__((p.epoch, p.key.task), (p.conversation, p.source)),
         clock=lambda: 0.0,
         pseudonymize=ps or Pseudonymizer(SALT),
     )
@@ -108,8 +108,8 @@ def exported_metric_names() -> set[str]:
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.pipeline import Pipeline
+    from llamacpp_exporter.sources.lines import SourceStats
     from llamacpp_exporter.sources.llama_server import PollerMetrics
-    from llamacpp_exporter.sources.tail import SourceStats
 
     reg = CollectorRegistry()  # what the exporter registers: the pipeline's, the poller's, the source's
     pl = Pipeline(reg, events_path="unused.jsonl")  # the events file is opened at the first record only

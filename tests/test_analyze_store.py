@@ -100,11 +100,11 @@ def test_events_files_with_proofs_give_the_records_the_lists_gave(tmp_path):
     )  # proofs named some
     # with the log: each log record, or the events record of its task in its place (its run number kept)
     log_only = analyze.analyze(analyze.Inputs([str(log)], []), SETTINGS, Pseudonymizer("salt")).records
-    by_key = {analyze._key(e): e for e in reclassified}
-    want = [replace(by_key[analyze._key(r)], epoch=r.epoch) if analyze._key(r) in by_key else r for r in log_only]
+    by_key = {e.key: e for e in reclassified}
+    want = [replace(by_key[r.key], epoch=r.epoch) if r.key in by_key else r for r in log_only]
     both = analyze.analyze(analyze.Inputs([str(log)], [str(events)]), SETTINGS, Pseudonymizer("salt"))
     assert both.records == want
-    assert both.sources["events_matched_to_log"] == sum(analyze._key(r) in by_key for r in log_only) > 0
+    assert both.sources["events_matched_to_log"] == sum(r.key in by_key for r in log_only) > 0
     assert sum(r.lora == "active" for r in both.records) > 0
     assert analyze.streamed_report(both, OPTS, SETTINGS, None, None) == in_memory(both)
 

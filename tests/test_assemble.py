@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry
 from support import by_timings, log_lines, replay_records, truths, value
 
 from llamacpp_exporter import parse as p
-from llamacpp_exporter.assemble.assembler import Assembler, AssemblySettings
+from llamacpp_exporter.assemble.assembler import Assembler
+from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
 

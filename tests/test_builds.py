@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support import replay_records, value
 
-from llamacpp_exporter.pipeline import TESTED_BUILDS
+from llamacpp_exporter.parse import TESTED_BUILDS
 
 BUILDS = Path(__file__).parent / "fixtures" / "logs" / "builds"
 LOGS = sorted(BUILDS.glob("*.log"))

@@ -37,7 +37,7 @@ for f in sorted(Path(sys.argv[1]).rglob("*.log")):
     seen = []
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0, pseudonymize=Pseudonymizer("salt"),
                   on_record=lambda r: seen.append(r.to_event()),
-                  on_proof=lambda r, c, s: seen.append(["proof", r.task, c, s]))
+                  on_proof=lambda p: seen.append(["proof", p.key.task, p.conversation, p.source]))
     pl.process_lines(line.rstrip("\\r\\n") for line in open(f, encoding="utf-8", errors="replace", newline="\\n"))
     pl.flush()
     out["logs"][f.name] = {"records": seen, "metrics": generate_latest(pl.registry).decode()}

@@ -125,3 +125,28 @@ def test_events_path_dash_writes_the_records_to_standard_output_and_no_file(tmp_
         json.loads(t)["prompt_n"] + json.loads(t)["cache_n"] for t in truth
     )
     assert list(tmp_path.iterdir()) == []  # no file named "-", no "-.log-position"
+
+
+def test_a_proof_line_is_read_back_as_written_and_a_broken_one_is_refused(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    from llamacpp_exporter.export.events import EventsFile
+    from llamacpp_exporter.records import ConversationProof, RecordKey, RequestRecord
+
+    path = tmp_path / "events.jsonl"
+    ev = EventsFile(str(path), CollectorRegistry())
+    rec = RequestRecord(epoch=2, slot=1, task=7, start_us=900, model="m")
+    proof = ConversationProof(rec.key, rec.epoch, "c0ffee", "lineage")
+    ev.write_proof(proof)
+    ev.close()
+    (line,) = [json.loads(x) for x in open(path)]
+    assert ConversationProof.from_event(line) == proof
+    assert proof.key == RecordKey("m", 1, 7, 900)
+    for broken in (
+        {**line, "conversation_source": "uncertain"},  # a proof names what the log proved
+        {**line, "task": "7"},
+        {**line, "slot": True},
+        {k: v for k, v in line.items() if k != "epoch"},
+        {**line, "proof": "other"},
+    ):
+        assert ConversationProof.from_event(broken) is None

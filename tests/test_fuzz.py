@@ -16,7 +16,7 @@ from support import value
 from llamacpp_exporter import parse as p
 from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import SlotsSnapshot, SlotState
-from llamacpp_exporter.sources.tail import LineSplitter
+from llamacpp_exporter.sources.lines import LineSplitter
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 REAL = [

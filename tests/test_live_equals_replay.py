@@ -33,7 +33,7 @@ def replayed(lines: list[str]) -> list[dict]:
     pl = Pipeline(
         CollectorRegistry(),
         on_record=recs.append,
-        on_proof=lambda r, conv, source: proofs.__setitem__((r.slot, r.task, r.start_us), (conv, source)),
+        on_proof=lambda p: proofs.__setitem__((p.key.slot, p.key.task, p.key.start_us), (p.conversation, p.source)),
         clock=lambda: 0.0,
         pseudonymize=Pseudonymizer(SALT),
     )

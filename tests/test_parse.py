@@ -212,7 +212,7 @@ def test_bytes_that_are_not_text_are_unreadable_not_ignored():
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.pipeline import Pipeline
-    from llamacpp_exporter.sources.tail import LineSplitter
+    from llamacpp_exporter.sources.lines import LineSplitter
 
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     splitter = LineSplitter(pl.process_line, pl.oversized_line, 1 << 20)

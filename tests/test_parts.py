@@ -326,3 +326,17 @@ def test_a_record_takes_its_drafts_facts_under_the_same_names_and_types():
         assert rec_types[name] in (draft_types[name], draft_types[name] | None), name
     verdict = {f.name for f in dataclasses.fields(RequestRecord)} - set(FACTS_FROM_DRAFT)
     assert {"outcome", "miss_cause", "restore_result", "lora", "contention", "queue_seconds"} <= verdict
+
+
+def test_the_assembly_settings_are_the_configuration_keys_they_name():
+    import dataclasses
+
+    from llamacpp_exporter.assemble.finish import CONFIG_KEYS
+    from llamacpp_exporter.config import Config, override
+
+    names = {f.name for f in dataclasses.fields(AssemblySettings)}
+    assert names - set(CONFIG_KEYS) == {"max_wait_us"}  # the assembler's own
+    cfg = Config()
+    assert AssemblySettings.from_config(cfg) == AssemblySettings()  # the defaults are the configuration's
+    changed = override(cfg, "takeover", big_conversation_tokens=12345)
+    assert AssemblySettings.from_config(changed).big_conversation_tokens == 12345

@@ -14,14 +14,10 @@ import pytest
 from realserver import wait_for
 from support import value
 
-from llamacpp_exporter.sources.tail import (
-    FileFollower,
-    LineSplitter,
-    SourceStats,
-    follow_command,
-    follow_stream,
-    run_start,
-)
+from llamacpp_exporter.sources.command import follow_command
+from llamacpp_exporter.sources.file import FileFollower, run_start
+from llamacpp_exporter.sources.lines import LineSplitter, SourceStats
+from llamacpp_exporter.sources.stream import follow_stream
 
 
 class Collect:
@@ -292,7 +288,7 @@ def test_exporter_follows_a_command(tmp_path):
 
 @pytest.mark.integration
 def test_directory_watch_wakes_on_append(tmp_path):
-    from llamacpp_exporter.sources.tail import DirectoryWatch
+    from llamacpp_exporter.sources.file import DirectoryWatch
 
     f = tmp_path / "s.log"
     f.write_text("")
@@ -381,7 +377,7 @@ def test_a_command_that_replays_its_history_at_every_restart_counts_each_request
     def two_restarts_read(stats: SourceStats, counting: _CountingPipeline) -> None:
         wait_for(lambda: stats.command_restarts >= 2 and counting.lines + stats.replayed_lines >= 3 * n, "3 runs read")
 
-    caplog.set_level("WARNING", logger="llamacpp_exporter.sources.tail")
+    caplog.set_level("WARNING", logger="llamacpp_exporter.sources.command")
     recs, stats, pl = _records_through_command(f"cat {log}", two_restarts_read)
     restarts = [r.getMessage() for r in caplog.records if "restarting in" in r.getMessage()]
     assert restarts[:2] == [

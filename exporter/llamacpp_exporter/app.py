@@ -26,7 +26,7 @@ from prometheus_client import (
 from prometheus_client.registry import Collector
 
 from . import __version__, log_reading
-from .assemble.assembler import AssemblySettings
+from .assemble.finish import AssemblySettings
 from .assemble.pseudonyms import Pseudonymizer
 from .config import Config, parse_listen_address, position_file, read_api_key, read_salt
 from .export.conversations import ConversationCosts
@@ -43,19 +43,11 @@ from .export.http import (
 from .export.web_config import WebConfigFile
 from .pipeline import Pipeline
 from .records import LoraAdapters, SlotsSnapshot
+from .sources.command import CommandSource
+from .sources.file import FileFollower, FileSource, LogPosition, load_position, save_position
+from .sources.lines import LineSplitter, LogSource, SourceStats
 from .sources.llama_server import ServerAddress, ServerPoller
-from .sources.tail import (
-    CommandSource,
-    FileFollower,
-    FileSource,
-    LineSplitter,
-    LogPosition,
-    LogSource,
-    SourceStats,
-    StreamSource,
-    load_position,
-    save_position,
-)
+from .sources.stream import StreamSource
 
 log = logging.getLogger(__name__)
 

@@ -164,11 +164,11 @@ def setup_logging(level: str, fmt: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["top"]:
-        from .offline.top import main as top_main  # noqa: PLC0415
+        from .live.top import main as top_main  # noqa: PLC0415
 
         return top_main(argv[1:])
     if argv[:1] == ["check-lora-restore"]:
-        from .offline.check_lora_restore import main as check_main  # noqa: PLC0415
+        from .live.check_lora_restore import main as check_main  # noqa: PLC0415
 
         return check_main(argv[1:])
     if argv[:1] == ["analyze"]:

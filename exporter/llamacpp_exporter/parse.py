@@ -17,6 +17,10 @@ import json
 import re
 from typing import ClassVar, Final, Union
 
+# llama.cpp builds whose recorded logs the parser is tested on: tests/fixtures/logs/builds/
+# (tests/test_builds.py). Another build is read too, and warned about once.
+TESTED_BUILDS: Final = (10950, 11200, 11434, 11549)
+
 # ---------------------------------------------------------------- events
 # Each event is a small slotted class, read-only by convention: not frozen, because freezing
 # costs about 1 us a build and two objects are built for most lines (the event and its

@@ -17,19 +17,19 @@ from typing import Final
 from prometheus_client import CollectorRegistry
 
 from . import parse
-from .assemble.assembler import Assembler, AssemblySettings
+from .assemble.assembler import Assembler
+from .assemble.finish import AssemblySettings
 from .assemble.pseudonyms import Pseudonymizer
-from .assemble.router import ChildNames, RouterMetrics
 from .config import MetricsConfig
+from .demux import ROUTER_EVENTS, RouterDemux
 from .export.conversations import ConversationCollector, ConversationCosts
 from .export.events import EventsFile
 from .export.metrics import LogMetrics, RequestMetrics
-from .records import LoraAdapters, RequestRecord, SlotsSnapshot
+from .export.router import RouterMetrics
+from .parse import TESTED_BUILDS
+from .records import ConversationProof, JoinSource, LoraAdapters, RecordKey, RequestRecord, SlotsSnapshot
 
 log = logging.getLogger(__name__)
-
-# llama.cpp builds whose recorded logs are in tests/fixtures/logs/builds/ (tests/test_builds.py)
-TESTED_BUILDS: Final = (10950, 11200, 11434, 11549)
 
 
 class _Facts:
@@ -54,15 +54,16 @@ class _Facts:
         self.conversation_arrival_dropped = partial(metrics.conversation_arrival_dropped, m)
         self.request_never_started = partial(requests.never_started, m)
         self.conversation_cost = costs.cost
-        self.proof_consumers: list[Callable[[RequestRecord, str, str], None]] = []
+        self.proof_consumers: list[Callable[[RequestRecord, ConversationProof], None]] = []
         self.on_listening: Callable[[str], None] | None = None  # the server's own (not a router's child's)
         self.skip_proof: Callable[[RequestRecord], bool] = lambda _rec: False
 
-    def conversation_proven(self, record: RequestRecord, conversation: str, source: str) -> None:
+    def conversation_proven(self, record: RequestRecord, conversation: str, source: JoinSource) -> None:
         if self.skip_proof(record):
             return
+        proof = ConversationProof(record.key, record.epoch, conversation, source)
         for consume in self.proof_consumers:
-            consume(record, conversation, source)
+            consume(record, proof)
 
     def slots_known(self, slot_ids: list[int]) -> None:
         self.metrics.slots_known(self.model, slot_ids)
@@ -131,7 +132,7 @@ class Pipeline:
         slots_polled: bool = False,
         request_slots_poll: Callable[[bool, str], None] | None = None,
         on_record: Callable[[RequestRecord], None] | None = None,
-        on_proof: Callable[[RequestRecord, str, str], None] | None = None,
+        on_proof: Callable[[ConversationProof], None] | None = None,
         on_server_listening: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.time,
         pseudonymize: Callable[[str], str] | None = None,
@@ -157,25 +158,25 @@ class Pipeline:
             self.consumers.append(on_record)
         self.on_proof = on_proof
         self.records_out = 0
-        # (model, slot, task, start) of the records the events file holds from before a restart
-        self.written: set[tuple] | None = None
+        # the records the events file holds from before a restart
+        self.written: set[RecordKey] | None = None
         self._prefixed = False  # the log's lines carry llama-server's prefix (a timestamp)
         self._catching_up = False
         # the plain server, or the router's own lines (a router serves no request itself)
         self.assembler = self._new_assembler("", on_listening=on_server_listening)
-        self.children: dict[int, Assembler] = {}  # a router's: by the port its lines are prefixed with
-        self.names = ChildNames()
+        self.demux = RouterDemux(self._new_assembler, self.requests, self.metrics, self.router)
 
     def _new_assembler(self, model: str, on_listening: Callable[[str], None] | None = None) -> Assembler:
         facts = _Facts(self.metrics, self.requests, self.costs, model)
         facts.on_listening = on_listening
         # a conversation proven after its record went out: to the conversation series, the
         # events file and a caller's callback
-        facts.proof_consumers.append(lambda rec, conv, _source: self.costs.proven(conv, rec))
-        if self.events is not None:
-            facts.proof_consumers.append(self.events.write_proof)
-        if self.on_proof is not None:
-            facts.proof_consumers.append(self.on_proof)
+        facts.proof_consumers.append(lambda rec, proof: self.costs.proven(proof.conversation, rec))
+        events, on_proof = self.events, self.on_proof
+        if events is not None:
+            facts.proof_consumers.append(lambda _rec, proof: events.write_proof(proof))
+        if on_proof is not None:
+            facts.proof_consumers.append(lambda _rec, proof: on_proof(proof))
         poll = self.request_slots_poll
         a = Assembler(
             facts,
@@ -194,7 +195,7 @@ class Pipeline:
 
     @property
     def assemblers(self) -> list[Assembler]:
-        return [self.assembler, *self.children.values()]
+        return [self.assembler, *self.demux.children.values()]
 
     def _emit(self, record: RequestRecord, source: Assembler) -> None:
         if self._before_start(record, source):
@@ -212,7 +213,7 @@ class Pipeline:
             return False
         if self.written is None:
             return True
-        return (record.model, record.slot, record.task, record.start_us) in self.written
+        return record.key in self.written
 
     def catch_up(self, started: bool) -> None:
         """The lines between ``catch_up(True)`` and ``catch_up(False)`` were written before the
@@ -227,50 +228,6 @@ class Pipeline:
             for a in self.assemblers:
                 a.request_slots_poll = a.saved_poll
                 a.caught_up_at = (a.epoch, a.clock.now)
-
-    # ------------------------------------------------------------ a router's children
-    def _child(self, port: int) -> Assembler:
-        a = self.children.get(port)
-        if a is None:
-            model = self.names.of_port(port)
-            self.requests.model_known(model)
-            a = self.children[port] = self._new_assembler(model)
-        return a
-
-    def _child_gone(self, port: int) -> None:
-        """The child process on this port ended (or its port now serves another model)."""
-        a = self.children.pop(port, None)
-        if a is not None:
-            a.flush(True)
-            if all(c.model != a.model for c in self.children.values()):
-                self.metrics.forget_model(a.model)
-
-    def _router_line(self, ev: parse.Event) -> None:
-        r, names = self.router, self.names
-        if not r.mode:  # any of the router's own lines says it is one
-            r.mode = True
-            self.requests.forget_model("")  # the router serves no request under its own name
-            self.metrics.forget_model("")
-            log.info("llama-server runs in router mode: one pipeline per model instance")
-        if isinstance(ev, parse.ModelAvailable):
-            names.available(ev.name)
-        elif isinstance(ev, parse.ChildSpawned):
-            if ev.port in self.children:
-                self._child_gone(ev.port)
-            model = names.spawned(ev.name, ev.port)
-            r.spawned(model)
-        elif isinstance(ev, parse.ChildExited):
-            model = names.label(ev.name)
-            r.exited(model, ev.status)
-            for port in names.ports_of(ev.name):
-                self._child_gone(port)
-                names.gone(port)
-        elif isinstance(ev, parse.RequestProxied):
-            r.proxied(names.label(ev.name))
-        elif isinstance(ev, parse.ModelRequestQueued):
-            r.queued(names.label(ev.name))
-        elif isinstance(ev, parse.ModelRequestCancelled):
-            r.cancelled_while_loading(names.label(ev.name))
 
     # ------------------------------------------------------------ inputs
     def process_line(self, line: str, now: float | None = None) -> None:
@@ -311,10 +268,10 @@ class Pipeline:
         m.last_line_time = t
         try:
             if parsed.child is not None:
-                self._child(parsed.child).feed(parsed, now_us)
+                self.demux.child(parsed.child).feed(parsed, now_us)
                 return
-            if kind in _ROUTER_EVENTS:
-                self._router_line(parsed.event)
+            if kind in ROUTER_EVENTS:
+                self.demux.router_line(parsed.event)
             self.assembler.feed(parsed, now_us)
         except Exception:  # an assembler bug must not stop the exporter; count and go on
             log.exception("internal error while assembling a log event (line skipped)")
@@ -356,18 +313,6 @@ class Pipeline:
 
 _CONTINUATION: Final = parse.ParsedLine(None, parse.IGNORED, bare=True)
 _UNRECOGNIZED: Final = parse.ParsedLine(None, parse.UNRECOGNIZED)
-
-_ROUTER_EVENTS: Final = frozenset(
-    {
-        parse.RouterStarted,
-        parse.ModelAvailable,
-        parse.ChildSpawned,
-        parse.ChildExited,
-        parse.RequestProxied,
-        parse.ModelRequestQueued,
-        parse.ModelRequestCancelled,
-    }
-)
 
 
 def replay(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NamedTuple, TypeGuard, Union, get_args, get_origin, get_type_hints
 
 # The fixed words of a record, as types (mypy checks every assignment) and as tuples (the
 # label values the metrics pre-create, the report's rows).
@@ -152,6 +152,65 @@ class RequestRecord:
     def to_event(self) -> dict:
         """The events-file line."""
         return asdict(self)
+
+    @property
+    def key(self) -> RecordKey:
+        return RecordKey(self.model, self.slot, self.task, self.start_us)
+
+
+class RecordKey(NamedTuple):
+    """A record's identity: the same task of the same server run (of the same model, behind a
+    router) has the same slot, task id and start in server log time. Read and written by the
+    pipeline (records not to write again), the events file and analyze."""
+
+    model: str
+    slot: int
+    task: int
+    start_us: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationProof:
+    """A conversation proven after its record went out (a later request of the conversation
+    named it): the events file's proof line, which analyze applies to the record."""
+
+    key: RecordKey
+    epoch: int
+    conversation: str
+    source: JoinSource  # header or lineage: what the log proved
+
+    def to_event(self) -> dict:
+        """The events-file line."""
+        return {
+            "proof": "conversation",
+            "model": self.key.model,
+            "epoch": self.epoch,
+            "slot": self.key.slot,
+            "task": self.key.task,
+            "start_us": self.key.start_us,
+            "conversation": self.conversation,
+            "conversation_source": self.source,
+        }
+
+    @staticmethod
+    def from_event(obj: Any) -> ConversationProof | None:
+        """A proof line read back; None for one that is not a whole, well-typed proof."""
+        if not isinstance(obj, dict) or obj.get("proof") != "conversation":
+            return None
+        model, epoch = obj.get("model", ""), obj.get("epoch")
+        slot, task, start_us = obj.get("slot"), obj.get("task"), obj.get("start_us")
+        conversation, source = obj.get("conversation"), obj.get("conversation_source")
+        if not (_is_int(slot) and _is_int(task) and _is_int(start_us) and _is_int(epoch)):
+            return None
+        if not isinstance(model, str) or not isinstance(conversation, str):
+            return None
+        if source == "header" or source == "lineage":
+            return ConversationProof(RecordKey(model, slot, task, start_us), epoch, conversation, source)
+        return None
+
+
+def _is_int(v: object) -> TypeGuard[int]:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _accepts(tp: Any, v: Any) -> bool:

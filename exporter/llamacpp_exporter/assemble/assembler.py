@@ -28,7 +28,7 @@ from .pseudonyms import Pseudonymizer
 from .serverstate import ServerSink, ServerState
 from .timeline import PrefillTimeline
 
-__all__ = ["AssemblySettings", "Assembler", "Sink"]
+__all__ = ["Assembler", "Sink"]
 
 QUIET_MARGIN_US: Final = 1_000_000
 

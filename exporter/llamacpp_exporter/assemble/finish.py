@@ -49,14 +49,20 @@ class AssemblySettings:
 
     @classmethod
     def from_config(cls, cfg: Config) -> AssemblySettings:
-        return cls(
-            min_prompt_tokens=cfg.cache.min_prompt_tokens,
-            hit_ratio=cfg.cache.hit_ratio,
-            miss_ratio=cfg.cache.miss_ratio,
-            contention_fraction=cfg.contention.fraction,
-            small_task_tokens=cfg.takeover.small_task_tokens,
-            big_conversation_tokens=cfg.takeover.big_conversation_tokens,
-        )
+        """Each setting from the configuration key CONFIG_KEYS names."""
+        return cls(**{name: getattr(getattr(cfg, section), key) for name, (section, key) in CONFIG_KEYS.items()})
+
+
+# The settings read from the configuration: (section, key), whose declaration in config.py is
+# also the default above. max_wait_us is the assembler's own.
+CONFIG_KEYS: Final = {
+    "min_prompt_tokens": ("cache", "min_prompt_tokens"),
+    "hit_ratio": ("cache", "hit_ratio"),
+    "miss_ratio": ("cache", "miss_ratio"),
+    "contention_fraction": ("contention", "fraction"),
+    "small_task_tokens": ("takeover", "small_task_tokens"),
+    "big_conversation_tokens": ("takeover", "big_conversation_tokens"),
+}
 
 
 class Finisher:

@@ -10,7 +10,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter
 
-from ..records import RequestRecord
+from ..records import ConversationProof, RecordKey, RequestRecord, record_from_event
 
 log = logging.getLogger(__name__)
 
@@ -122,22 +122,10 @@ class EventsFile:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.rotations.inc()
 
-    def write_proof(self, rec: RequestRecord, conversation: str, source: str) -> None:
+    def write_proof(self, proof: ConversationProof) -> None:
         """The conversation of a record written before it was proven: a line of its own,
-        naming the record by its slot, task and start (analyze applies it to the record)."""
-        self._append(
-            {
-                "proof": "conversation",
-                "model": rec.model,
-                "epoch": rec.epoch,
-                "slot": rec.slot,
-                "task": rec.task,
-                "start_us": rec.start_us,
-                "conversation": conversation,
-                "conversation_source": source,
-            },
-            counted=False,
-        )
+        naming the record by its key (analyze applies it to the record)."""
+        self._append(proof.to_event(), counted=False)
 
     def close(self) -> None:
         if self._fd is not None and not self.stream:
@@ -156,10 +144,10 @@ def events_files(path: str) -> list[str]:
     return out[::-1]
 
 
-def written_records(path: str, tail_bytes: int = 16 << 20) -> set[tuple]:
+def written_records(path: str, tail_bytes: int = 16 << 20) -> set[RecordKey]:
     """The records the events files hold (their last ``tail_bytes``, across a rotation), by
-    model, slot, task and start: what a restarted exporter must not write again."""
-    out: set[tuple] = set()
+    key: what a restarted exporter must not write again."""
+    out: set[RecordKey] = set()
     chunks: list[bytes] = []
     left = tail_bytes
     for name in reversed(events_files(path)):  # newest first, until tail_bytes are read
@@ -178,6 +166,8 @@ def written_records(path: str, tail_bytes: int = 16 << 20) -> set[tuple]:
             obj = json.loads(line)
         except ValueError:
             continue  # the cut first line, or one that is not a record
-        if isinstance(obj, dict) and "proof" not in obj and "task" in obj:
-            out.add((obj.get("model", ""), obj.get("slot"), obj.get("task"), obj.get("start_us")))
+        if isinstance(obj, dict) and "proof" not in obj:
+            rec = record_from_event(obj)  # a whole record: the one reader of them
+            if rec is not None:
+                out.add(rec.key)
     return out

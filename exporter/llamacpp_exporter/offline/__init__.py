@@ -1,3 +1,3 @@
 """What people read: ``analyze`` runs the same pipeline over logs and events files afterwards,
-``report`` renders its tables, ``history`` its OpenMetrics backfill, ``plots`` its figures; ``top``
-is the table of a running exporter's conversations."""
+``report`` renders its tables, ``history`` its OpenMetrics backfill, ``plots`` its figures.
+Commands that talk to running processes are in live/."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 from prometheus_client import CollectorRegistry
 
@@ -33,7 +33,7 @@ from ..config import CacheConfig, ConfigError, ConversationsConfig, add_flags, c
 from ..export.conversations import ConversationCosts
 from ..export.events import events_files
 from ..pipeline import Pipeline
-from ..records import JoinSource, RequestRecord, record_from_event
+from ..records import ConversationProof, RecordKey, RequestRecord, record_from_event
 from . import plots, report
 from .history import History
 from .store import RecordStore, StoredValues, write_jsonl
@@ -225,31 +225,16 @@ def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
     return at
 
 
-def _as_proof(obj: Any) -> tuple[tuple, tuple[str, str]] | None:
-    """A conversation proven after its record was written (a line of its own)."""
-    if not isinstance(obj, dict) or obj.get("proof") != "conversation":
-        return None
-    key = (obj.get("slot"), obj.get("task"), obj.get("start_us"))
-    conv, source = obj.get("conversation"), obj.get("conversation_source")
-    model = obj.get("model", "")
-    if not all(isinstance(v, int) for v in key) or not isinstance(conv, str) or source not in ("header", "lineage"):
-        return None
-    if not isinstance(model, str):
-        return None
-    return (model, *key), (conv, source)
-
-
-def apply_proofs(records: list[RequestRecord], proofs: dict[tuple, tuple[str, str]]) -> None:
+def apply_proofs(records: list[RequestRecord], proofs: dict[RecordKey, ConversationProof]) -> None:
     for i, r in enumerate(records):
-        proof = proofs.get(_key(r))
+        proof = proofs.get(r.key)
         if proof is not None and r.conversation_source == "uncertain":
-            source = cast(JoinSource, proof[1])  # header or lineage: what a proof line may hold
-            records[i] = replace(r, conversation=proof[0], conversation_source=source)
+            records[i] = replace(r, conversation=proof.conversation, conversation_source=proof.source)
 
 
-def _events_lines(paths: list[str]) -> Iterator[RequestRecord | tuple[tuple, tuple[str, str]] | None]:
+def _events_lines(paths: list[str]) -> Iterator[RequestRecord | ConversationProof | None]:
     """Each line of the exporter's events files: a record, a proof (a conversation proven after
-    its record was written: key, (conversation, source)), or None for a line that is neither
+    its record was written), or None for a line that is neither
     (counted, never fatal; so is a file that cannot be read to its end)."""
     for path in paths:
         try:
@@ -260,7 +245,7 @@ def _events_lines(paths: list[str]) -> Iterator[RequestRecord | tuple[tuple, tup
                     except ValueError:
                         obj = None
                     if isinstance(obj, dict) and "proof" in obj:
-                        yield _as_proof(obj)
+                        yield ConversationProof.from_event(obj)
                     else:
                         yield record_from_event(obj)
         except (OSError, EOFError) as e:
@@ -272,13 +257,13 @@ def read_events(paths: list[str]) -> tuple[list[RequestRecord], int]:
     """The exporter's events files in memory: one record per line, and the conversations proven
     after their record was written (applied to it), and how many lines were neither."""
     out: list[RequestRecord] = []
-    proofs: dict[tuple, tuple[str, str]] = {}
+    proofs: dict[RecordKey, ConversationProof] = {}
     bad = 0
     for item in _events_lines(paths):
         if item is None:
             bad += 1
-        elif isinstance(item, tuple):
-            proofs[item[0]] = item[1]
+        elif isinstance(item, ConversationProof):
+            proofs[item.key] = item
         else:
             out.append(item)
     apply_proofs(out, proofs)
@@ -302,20 +287,14 @@ def _events_into(store: RecordStore, paths: list[str], settings: AssemblySetting
     for item in _events_lines(paths):
         if item is None:
             bad += 1
-        elif isinstance(item, tuple):
-            store.add_proof_key(item[0], *item[1], events=True)
+        elif isinstance(item, ConversationProof):
+            store.add_proof(item, events=True)
         else:
             n += 1
             rec = _reclassified(item, settings)
             store.add_as_is(rec) if as_records else store.add_event(rec)
     store.apply_event_proofs(to_records=as_records)
     return n, bad
-
-
-def _key(r: RequestRecord) -> tuple[Any, ...]:
-    # the same task of the same server run (of the same model, behind a router): slot, task id
-    # and its start in server log time
-    return (r.model, r.slot, r.task, r.start_us)
 
 
 def analyze(

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
 from typing import cast
 
-from ..records import JoinSource, RequestRecord
+from ..records import ConversationProof, JoinSource, RequestRecord
 
 BATCH = 2000  # records written per transaction
 CACHE_KIB = 16 * 1024  # SQLite's page cache: the store's memory, whatever the number of records
@@ -61,11 +61,6 @@ def _decode(body: bytes) -> RequestRecord:
     return RequestRecord(*pickle.loads(body))  # noqa: S301 - our own scratch file, written by _encode
 
 
-def _key(rec: RequestRecord) -> tuple[str, int, int, int | None]:
-    # the same task of the same server run (of the same model, behind a router)
-    return (rec.model, rec.slot, rec.task, rec.start_us)
-
-
 class RecordStore:
     """Records in an SQLite file, in the order they were added; at most BATCH of them in memory."""
 
@@ -94,7 +89,7 @@ class RecordStore:
             row = self.db.execute(
                 "SELECT body FROM events WHERE model = ? AND slot = ? AND task = ? AND start_us IS ? "
                 "ORDER BY rowid DESC LIMIT 1",
-                _key(rec),
+                rec.key,
             ).fetchone()
             if row is not None:
                 rec = replace(_decode(row[0]), epoch=rec.epoch)
@@ -108,7 +103,7 @@ class RecordStore:
 
     def _append(self, rec: RequestRecord, from_events: int) -> None:
         self._pending.append(
-            (*_key(rec), rec.epoch, int(rec.conversation_source == "uncertain"), from_events, _encode(rec))
+            (*rec.key, rec.epoch, int(rec.conversation_source == "uncertain"), from_events, _encode(rec))
         )
         self.count += 1
         if len(self._pending) >= BATCH:
@@ -127,19 +122,17 @@ class RecordStore:
     def add_event(self, rec: RequestRecord) -> None:
         """An events-file record, for the log's records to be matched with (the last one of a
         task wins). Written in batches: apply_event_proofs ends them."""
-        self._pending_events.append((*_key(rec), _encode(rec)))
+        self._pending_events.append((*rec.key, _encode(rec)))
         self._events += 1
         if len(self._pending_events) >= BATCH:
             self._flush_side()
 
-    def add_proof(self, rec: RequestRecord, conversation: str, source: str) -> None:
-        """The pipeline's: a conversation proven after the record of its task went out."""
-        self.add_proof_key(_key(rec), conversation, source)
-
-    def add_proof_key(self, key: tuple, conversation: str, source: str, events: bool = False) -> None:
-        """A proof by its task's key (model, slot, task, start_us): the log's, or an events
-        file's proof line (the last one of a task wins). Written in batches."""
-        self._pending_proofs.append(("event_proofs" if events else "proofs", (*key, conversation, source)))
+    def add_proof(self, proof: ConversationProof, events: bool = False) -> None:
+        """A conversation proven after the record of its task went out: the log's (the
+        pipeline's), or an events file's proof line (the last one of a task wins). Written in
+        batches."""
+        row = (*proof.key, proof.conversation, proof.source)
+        self._pending_proofs.append(("event_proofs" if events else "proofs", row))
         if len(self._pending_proofs) >= BATCH:
             self._flush_side()
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from ..config import DEFAULT_PORT, redact
-from .report import cell
+from ..offline.report import cell
 
 COLUMNS = (
     ("CONVERSATION", "conversation", 14),

@@ -1,162 +1,25 @@
-"""Log sources: a followed file (like ``tail -F``), standard input, or a command's output.
-
-I/O only: each source turns bytes into complete lines and hands them to a callback.
-No parsing here. A line longer than ``max_line_bytes`` is dropped and reported as
-oversized, so one runaway line cannot exhaust memory.
-"""
+"""A log file followed like ``tail -F``: across rotations, truncations and holes, its read
+position kept across restarts, woken by inotify where the system has it."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import logging
 import os
 import select
 import stat
-import subprocess
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Protocol, TypeVar, cast
+from typing import IO, cast
 
-from prometheus_client import CollectorRegistry, Counter
+from .lines import LineSplitter, SourceStats
 
 log = logging.getLogger(__name__)
 
 HEAD_BYTES = 64  # compared on every idle poll to spot a file rewritten in place
-
-
-class SourceStats:
-    """What the log source did: counted here, and as metrics on the registry if given."""
-
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.rotations = self.truncations = self.read_errors = self.command_restarts = self.replayed_lines = 0
-        self.metrics = _SourceMetrics(registry) if registry is not None else None
-
-    def rotation(self) -> None:
-        self.rotations += 1
-        if self.metrics is not None:
-            self.metrics.log_rotations.inc()
-
-    def truncation(self) -> None:
-        self.truncations += 1
-        if self.metrics is not None:
-            self.metrics.log_truncations.inc()
-
-    def read_error(self) -> None:
-        self.read_errors += 1
-        if self.metrics is not None:
-            self.metrics.log_read_errors.inc()
-
-    def command_restart(self) -> None:
-        self.command_restarts += 1
-        if self.metrics is not None:
-            self.metrics.log_source_restarts.inc()
-
-    def replayed(self, n: int) -> None:
-        self.replayed_lines += n
-        if self.metrics is not None and n:
-            self.metrics.log_replayed.inc(n)
-
-
-class _SourceMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        r = registry
-        self.log_rotations = Counter(
-            "llamacpp_exporter_log_rotations", "Log file rotations (file replaced) followed.", registry=r
-        )
-        self.log_truncations = Counter(
-            "llamacpp_exporter_log_truncations",
-            "Log file truncations (copytruncate, llama-server restart with --log-file) followed.",
-            registry=r,
-        )
-        self.log_read_errors = Counter(
-            "llamacpp_exporter_log_read_errors",
-            "Errors reading the log source (missing file, failed command...).",
-            registry=r,
-        )
-        self.log_source_restarts = Counter(
-            "llamacpp_exporter_log_command_restarts",
-            "Restarts of the --llama.log-command process after it exited.",
-            registry=r,
-        )
-        self.log_replayed = Counter(
-            "llamacpp_exporter_log_lines_replayed",
-            "Lines a restarted --llama.log-command printed again (history) and that were not counted twice.",
-            registry=r,
-        )
-
-
-_Filter = TypeVar("_Filter", bound=Callable[[str], None])
-
-
-class LineSplitter:
-    """Bytes in, complete lines out; keeps the partial last line until its newline arrives."""
-
-    def __init__(self, emit: Callable[[str], None], oversized: Callable[[], None], max_line_bytes: int) -> None:
-        self.emit = emit
-        self.oversized = oversized
-        self.max = max_line_bytes
-        self.buf = bytearray()
-        self.skipping = False  # inside an oversized line: drop until its newline
-
-    def feed(self, data: bytes) -> None:
-        if b"\0" in data:
-            # a hole read as zeros: a writer without O_APPEND (llama-server's --log-file) goes on
-            # at its old offset after a copytruncate. NUL is never part of a log line.
-            data = data.replace(b"\0", b"")
-        start = 0
-        while True:
-            nl = data.find(b"\n", start)
-            if nl < 0:
-                rest = data[start:]
-                if self.skipping:
-                    return
-                if len(self.buf) + len(rest) > self.max:
-                    self.buf.clear()
-                    self.skipping = True
-                    self.oversized()
-                    return
-                self.buf += rest
-                return
-            chunk = data[start:nl]
-            start = nl + 1
-            if self.skipping:
-                self.skipping = False
-                continue
-            if self.buf:
-                self.buf += chunk
-                chunk = bytes(self.buf)
-                self.buf.clear()
-            if len(chunk) > self.max:
-                self.oversized()
-                continue
-            self.emit(chunk.rstrip(b"\r").decode("utf-8", errors="replace"))
-
-    def flush(self) -> None:
-        """Emit a pending partial line (the file it came from is gone)."""
-        if self.buf and not self.skipping:
-            self.emit(bytes(self.buf).decode("utf-8", errors="replace"))
-        self.buf.clear()
-        self.skipping = False
-
-    def drop(self) -> None:
-        self.buf.clear()
-        self.skipping = False
-
-    def handed(self) -> None:
-        """Lines emitted outside a feed (released by the replay guard) are to go on now."""
-
-    def filter_lines(self, make: Callable[[Callable[[str], None]], _Filter]) -> _Filter:
-        """Put a filter between the split lines and where they go (the replay guard of a
-        restarted command): ``make`` gets the current destination and returns the filter."""
-        f = make(self.emit)
-        self.emit = f
-        return f
 
 
 @dataclass(frozen=True)
@@ -657,7 +520,6 @@ class DirectoryWatch:
         if self.fd < 0:
             stop.wait(timeout)
             return
-        import select
 
         ready, _, _ = select.select([self.fd], [], [], timeout)
         if ready:
@@ -684,174 +546,6 @@ def follow_file(follower: FileFollower, stop: threading.Event, interval: float) 
         follower.close()
 
 
-def follow_stream(stream: IO[bytes], splitter: LineSplitter, stop: threading.Event) -> None:
-    """Standard input: read until EOF."""
-    while not stop.is_set():
-        data = stream.read1(1 << 16) if hasattr(stream, "read1") else stream.read(1 << 16)
-        if not data:
-            break
-        splitter.feed(data)
-    splitter.flush()
-
-
-class ReplayGuard:
-    """A restarted log command (``journalctl -f``, ``docker logs -f``, ``tail -F``) prints
-    history again. After a restart its lines are held until the replay is over (the output
-    pauses, or the command exits), then only what follows the last lines already read is
-    passed on. If those lines are not in the replay (a new process, a rotated journal), all
-    of it is passed on, with a warning: it may then count some requests twice."""
-
-    ANCHOR_LINES = 8
-    MAX_HELD = 200_000
-
-    def __init__(self, emit: Callable[[str], None], stats: SourceStats) -> None:
-        self.emit = emit
-        self.stats = stats
-        self.recent: deque[str] = deque(maxlen=self.ANCHOR_LINES)
-        self.held: list[str] | None = None
-
-    def __call__(self, line: str) -> None:
-        if self.held is not None:
-            self.held.append(line)
-            if len(self.held) >= self.MAX_HELD or self._caught_up():
-                self.settle()
-            return
-        self.recent.append(line)
-        self.emit(line)
-
-    def _caught_up(self) -> bool:
-        """The replay has just printed the last lines read before the restart: what follows
-        is new (on a server that never pauses, waiting for a pause would count nothing)."""
-        held, anchor = self.held, self.recent
-        if not held or not anchor or held[-1] != anchor[-1]:
-            return False
-        n = min(len(anchor), len(held))
-        return held[-n:] == list(anchor)[-n:] and (n == len(anchor) or n == len(held))
-
-    def restarted(self) -> None:
-        if self.recent:
-            self.held = []
-
-    @property
-    def holding(self) -> bool:
-        return self.held is not None
-
-    def settle(self) -> None:
-        held, self.held = self.held, None
-        if held is None:
-            return
-        start = self._after_anchor(held)
-        if start is None:
-            if held:
-                log.warning(
-                    "the restarted log command printed %d lines and none of them is where it left off: "
-                    "all are read (requests may be counted twice; prefer a command that prints no "
-                    "history, e.g. journalctl -f -n 0, docker logs -f --tail 0)",
-                    len(held),
-                )
-            start = 0
-        self.stats.replayed(start)
-        for line in held[start:]:
-            self.recent.append(line)
-            self.emit(line)
-
-    def _after_anchor(self, held: list[str]) -> int | None:
-        """Index after the last place where the held lines end with the last lines read (all
-        of them, or as many as the replay's first lines allow)."""
-        anchor = list(self.recent)
-        last = anchor[-1] if anchor else None
-        for end in range(len(held), 0, -1):
-            if held[end - 1] != last:
-                continue
-            n = min(len(anchor), end)
-            if held[end - n : end] == anchor[-n:]:
-                return end
-        return None
-
-
-def follow_command(
-    command: str,
-    splitter: LineSplitter,
-    stats: SourceStats,
-    stop: threading.Event,
-    max_backoff: float = 30.0,
-    min_healthy_run: float = 60.0,
-    replay_quiet: float = 0.5,
-) -> None:
-    """Run a command (``journalctl -f ...``, ``docker logs -f ...``) and follow its stdout and
-    stderr; restart it with backoff when it exits. The backoff only resets after a run of
-    ``min_healthy_run`` seconds: a command that prints its history and exits at once is not
-    restarted every second. What a restart prints again is dropped (ReplayGuard)."""
-    guard = splitter.filter_lines(lambda emit: ReplayGuard(emit, stats))
-    backoff = 1.0
-    while not stop.is_set():
-        try:
-            proc = subprocess.Popen(
-                command,
-                shell=True,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as e:
-            stats.read_error()
-            log.error("cannot start log command: %s", e.strerror)
-            stop.wait(backoff)
-            backoff = min(backoff * 2, max_backoff)
-            continue
-        started = time.monotonic()
-        log.info("following the output of the log command (pid %d)", proc.pid)
-        assert proc.stdout is not None
-        watcher = threading.Thread(target=_kill_on_stop, args=(proc, stop), daemon=True)
-        watcher.start()
-        stdout = cast(io.BufferedReader, proc.stdout)  # Popen's pipes are buffered readers
-        while True:
-            if guard.holding:
-                ready, _, _ = select.select([proc.stdout], [], [], replay_quiet)
-                if not ready:
-                    guard.settle()  # the replay is over: the command now follows
-                    splitter.handed()  # what it released goes on now, not at the next read
-                    continue
-            data = stdout.read1(1 << 16)
-            if not data:
-                break
-            splitter.feed(data)
-        # a line cut short by the command's end is printed whole again by the restarted
-        # command's replay: never a line (nor the anchor the replay is matched against)
-        splitter.drop()
-        guard.settle()
-        splitter.handed()
-        rc = proc.wait()
-        if stop.is_set():
-            return
-        stats.command_restart()
-        if time.monotonic() - started >= min_healthy_run:
-            backoff = 1.0
-        log.warning("log command exited with status %s; restarting in %.0f s", rc, backoff)
-        stop.wait(backoff)
-        backoff = min(backoff * 2, max_backoff)
-        guard.restarted()
-
-
-def _kill_on_stop(proc: subprocess.Popen, stop: threading.Event) -> None:
-    while proc.poll() is None:
-        if stop.wait(0.5):
-            try:
-                os.killpg(proc.pid, 15)
-            except OSError:
-                pass
-            return
-
-
-# ---------------------------------------------------------------- one interface for the sources
-class LogSource(Protocol):
-    """Where llama-server's log comes from: ``run`` feeds its bytes to the splitter until the
-    input ends or ``stop`` is set."""
-
-    def run(self, splitter: LineSplitter, stop: threading.Event) -> None: ...
-
-
 @dataclass
 class FileSource:
     """A log file followed across rotations, truncations and holes. ``follower`` is there once
@@ -864,25 +558,3 @@ class FileSource:
     def run(self, splitter: LineSplitter, stop: threading.Event) -> None:
         self.follower = self.make_follower(splitter)
         follow_file(self.follower, stop, self.interval)
-
-
-@dataclass
-class StreamSource:
-    """Standard input (a pipe), read to its end."""
-
-    stream: IO[bytes]
-
-    def run(self, splitter: LineSplitter, stop: threading.Event) -> None:
-        follow_stream(self.stream, splitter, stop)
-        log.info("standard input closed")
-
-
-@dataclass
-class CommandSource:
-    """A command's output (journalctl -f, docker logs -f), restarted with backoff."""
-
-    command: str
-    stats: SourceStats
-
-    def run(self, splitter: LineSplitter, stop: threading.Event) -> None:
-        follow_command(self.command, splitter, self.stats, stop)

@@ -1,60 +1,14 @@
-"""A router's own lines (llama-server --models-preset / --models-dir): which child process
-serves which model (the models it lists at start, then the one each spawn line names), and the router's metrics of its own (loads, exits, requests queued while a
-model loads, requests cancelled then, requests proxied).
-
-The router forwards each child's log lines prefixed with ``[port] ``; ``spawning server
-instance with name=M on port P`` says which model the child on P serves
-(server-models.cpp, server_models::load). A model name becomes a label value only from a spawn
-line or the router's list of available models, checked against a bounded character set and capped in number: the names are the
-operator's presets and model files, never a client's text.
-"""
+"""A router's own figures (llama-server --models-preset / --models-dir): model instances
+started and ended, requests queued or cancelled while their model loads, requests proxied, by
+model. Fed by the router demux (demux.py); nothing is exported until the log shows a router."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
-from typing import Final
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-MAX_MODELS: Final = 64  # label values; models past this are "other"
-UNKNOWN: Final = "unknown"  # a child whose spawn line the exporter never read
-OTHER: Final = "other"
-_LABEL_SAFE: Final = re.compile(r"[A-Za-z0-9._:/@+-]{1,128}")
-
-
-class ChildNames:
-    """Port -> model, from the spawn lines, and the bounded set of model label values."""
-
-    def __init__(self) -> None:
-        self._by_port: dict[int, str] = {}
-        self.known: set[str] = set()
-
-    def label(self, name: str) -> str:
-        """The label value for a model the router named: only a model it spawned."""
-        return name if name in self.known else OTHER
-
-    def available(self, name: str) -> None:
-        if name not in self.known and len(self.known) < MAX_MODELS and _LABEL_SAFE.fullmatch(name):
-            self.known.add(name)
-
-    def spawned(self, name: str, port: int) -> str:
-        self.available(name)
-        model = self.label(name)
-        self._by_port[port] = model
-        return model
-
-    def of_port(self, port: int) -> str:
-        return self._by_port.get(port, UNKNOWN)
-
-    def ports_of(self, name: str) -> list[int]:
-        model = self.label(name)
-        return [p for p, m in self._by_port.items() if m == model]
-
-    def gone(self, port: int) -> None:
-        self._by_port.pop(port, None)
 
 
 class RouterMetrics(Collector):
