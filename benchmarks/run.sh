@@ -10,10 +10,15 @@ if ! command -v mtail >/dev/null; then
   $SUDO apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends mtail >&2
 fi
+if ! command -v valgrind >/dev/null; then
+  SUDO=""; [[ "$(id -u)" == 0 ]] || SUDO="sudo"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends valgrind >&2
+fi
 cd "$ROOT"
 echo "== machine"; nproc; grep -m1 "model name" /proc/cpuinfo || true; .venv/bin/python --version; mtail --version 2>&1 | head -1
 echo "== throughput next to mtail (one million lines)"; .venv/bin/python benchmarks/throughput_vs_mtail.py
 echo "== where a line's time goes, next to twice mtail"; .venv/bin/python benchmarks/hot_path_budget.py --compiled
+echo "== instructions per line, compiled (valgrind: independent of the machine's load)"; .venv/bin/python benchmarks/instructions_per_line.py
 echo "== the live exporter: memory, scrape cost, freshness"; .venv/bin/python benchmarks/live_exporter.py
 echo "== overhead on a real llama-server, with and without the exporter"; .venv/bin/python benchmarks/server_overhead.py
 echo "== headroom against the fastest llama-server here"; .venv/bin/python benchmarks/server_log_rate.py
