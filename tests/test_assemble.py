@@ -159,7 +159,7 @@ def test_state_is_bounded_under_endless_tasks():
     LoRA list, no client ever sending an id: every per-task map stays at its cap."""
     from llamacpp_exporter.assemble import attribution, finish, lora, timeline
 
-    a = Assembler(sink=_NullSink(), on_record=lambda r: None, slots_polled=True)
+    a = Assembler(sink=_NullSink(), slots_polled=True)
 
     def ts(us: int) -> str:
         return f"{us // 60_000_000}.{us // 1_000_000 % 60:02d}.{us // 1000 % 1000:03d}.{us % 1000:03d}"
@@ -188,7 +188,7 @@ class _NullSink:
 def test_continuation_lines_do_not_move_the_clock():
     """A multi-line message's continuation has no timestamp; it must not replace the log's own
     clock with the reader's wall clock (records would look a day old and be emitted early)."""
-    a = Assembler(sink=_NullSink(), on_record=lambda r: None)
+    a = Assembler(sink=_NullSink())
     a.feed(p.parse_line("0.01.000.000 I srv  llama_server: initializing ..."), 0)
     a.feed(p.parse_line("\trepeat_last_n = 64, repeat_penalty = 1.000"), 1_800_000_000_000_000)
     assert a.clock.now == 1_000_000

@@ -14,6 +14,7 @@ import pytest
 from realserver import wait_for
 from support import value
 
+from llamacpp_exporter.pipeline import Lines
 from llamacpp_exporter.sources.command import follow_command
 from llamacpp_exporter.sources.file import FileFollower, run_start
 from llamacpp_exporter.sources.lines import LineSplitter, SourceStats
@@ -472,22 +473,28 @@ def test_a_log_without_timestamps_rewritten_past_our_offset_while_paused_is_read
 def test_the_exporter_queues_the_lines_of_a_read_as_batches_in_order():
     # one queue item per read (at most LINE_BATCH lines), an oversized line's mark between the
     # lines before and after it, a partial last line held until its newline or a flush
-    from llamacpp_exporter.app import _OVERSIZED, LINE_BATCH, _LineBatches
+    from llamacpp_exporter.app import LINE_BATCH, _LineBatches
+    from llamacpp_exporter.pipeline import OversizedLine
 
     items: list[object] = []
     batches = _LineBatches(items.append, max_line_bytes=100)
+
+    def seen() -> list[object]:
+        return [i.lines if isinstance(i, Lines) else type(i).__name__ for i in items]
+
     many = "".join(f"line {i}\n" for i in range(LINE_BATCH + 3))
     batches.feed(many.encode())
-    assert [len(i) for i in items] == [LINE_BATCH, 3]
-    assert items[0][0] == "line 0" and items[1][-1] == f"line {LINE_BATCH + 2}"
+    got = seen()
+    assert [len(i) for i in got] == [LINE_BATCH, 3]
+    assert got[0][0] == "line 0" and got[1][-1] == f"line {LINE_BATCH + 2}"
     items.clear()
     batches.feed(b"before\n" + b"x" * 200 + b"\nafter\npart")
-    assert items == [["before"], _OVERSIZED, ["after"]]
+    assert seen() == [["before"], OversizedLine.__name__, ["after"]]
     items.clear()
     batches.feed(b"ial\n")
     batches.feed(b"no newline yet")
     batches.flush()
-    assert items == [["partial"], ["no newline yet"]]
+    assert seen() == [["partial"], ["no newline yet"]]
 
 
 class _Items:
@@ -506,7 +513,7 @@ class _Items:
 
     def lines(self) -> list[str]:
         with self.lock:
-            return [line for item in self.items if isinstance(item, list) for line in item]
+            return [line for item in self.items if isinstance(item, Lines) for line in item.lines]
 
 
 def _follow(cmd: str, items: _Items) -> tuple[threading.Event, threading.Thread]:

@@ -41,8 +41,7 @@ from .export.http import (
     make_app,
 )
 from .export.web_config import WebConfigFile
-from .pipeline import Pipeline
-from .records import LoraAdapters, SlotsSnapshot
+from .pipeline import CatchUp, Input, Lines, OversizedLine, Pipeline
 from .sources.command import CommandSource
 from .sources.file import FileFollower, FileSource, LogPosition, load_position, save_position
 from .sources.lines import LineSplitter, LogSource, SourceStats
@@ -52,14 +51,19 @@ from .sources.stream import StreamSource
 log = logging.getLogger(__name__)
 
 POSITION_SAVE_INTERVAL = 1.0  # seconds; and at every orderly stop
-_STOP = object()
-_OVERSIZED = object()
+
+
+class _Stop:
+    """The pipeline thread's last item."""
+
+
 QUIET_SECONDS = 0.5
 # at most this long a batch of lines waits for a scrape being rendered (a slow one never stalls
 # the pipeline for longer)
 YIELD_TO_SCRAPE_SECONDS = 0.05
-_CATCH_UP = object()  # the lines that follow were written before the exporter started
-_CAUGHT_UP = object()
+# The queue's items, in the order they happened: what the pipeline takes (pipeline.Input),
+# the read positions that follow the lines (saved here), and the last item.
+QueueItem = Input | LogPosition | _Stop
 LINE_BATCH = 512  # lines per queue item: a queue put and get per batch, not per line
 QUEUE_ITEMS = 64  # line batches, snapshots, positions: at most about 32k lines wait for the pipeline
 
@@ -68,7 +72,7 @@ class _LineBatches(LineSplitter):
     """The splitter, handing on the lines of each read as one queue item (at most LINE_BATCH
     lines), in order with the oversized marks and the positions that follow the read."""
 
-    def __init__(self, put: Callable[[Any], None], max_line_bytes: int) -> None:
+    def __init__(self, put: Callable[[QueueItem], None], max_line_bytes: int) -> None:
         self._batch: list[str] = []
         self._put_item = put
         super().__init__(self._line, self._oversized, max_line_bytes)
@@ -80,12 +84,12 @@ class _LineBatches(LineSplitter):
 
     def _oversized(self) -> None:
         self._send()
-        self._put_item(_OVERSIZED)
+        self._put_item(OversizedLine())
 
     def _send(self) -> None:
         if self._batch:
             batch, self._batch = self._batch, []
-            self._put_item(batch)
+            self._put_item(Lines(batch))
 
     def feed(self, data: bytes) -> None:
         super().feed(data)
@@ -117,7 +121,7 @@ class Exporter:
         self.cfg = cfg
         self.registry = ExpositionRegistry()
         self.stop = threading.Event()
-        self.q: queue.Queue[Any] = queue.Queue(maxsize=QUEUE_ITEMS)
+        self.q: queue.Queue[QueueItem] = queue.Queue(maxsize=QUEUE_ITEMS)
         api_key = read_api_key(cfg.llama)
         salt = read_salt(cfg.conversations)
         if salt is None:
@@ -188,7 +192,7 @@ class Exporter:
     def _request_slots_poll(self, until_prefill_started: bool, model: str) -> None:
         self.poller.request_slots_poll(until_prefill_started, model)
 
-    def _put(self, item: Any) -> None:
+    def _put(self, item: QueueItem) -> None:
         while not self.stop.is_set():
             try:
                 self.q.put(item, timeout=0.5)
@@ -221,7 +225,7 @@ class Exporter:
                 from_start=lc.log_from_start,
                 resume=resume,
                 on_position=self._put if self.position_path else None,
-                on_catch_up=lambda started: self._put(_CATCH_UP if started else _CAUGHT_UP),
+                on_catch_up=lambda started: self._put(CatchUp(started)),
             )
 
         return FileSource(follower, lc.log_poll_interval_seconds)
@@ -244,21 +248,9 @@ class Exporter:
             except queue.Empty:
                 pl.quiet()  # the log is quiet: records waiting for the join go out in time
                 continue
-            if item is _STOP:
+            if isinstance(item, _Stop):
                 break
-            if isinstance(item, list):
-                # a scrape being rendered goes first (a catch-up's batches can wait)
-                self.answering.idle.wait(YIELD_TO_SCRAPE_SECONDS)
-                pl.process_lines(item)
-            elif isinstance(item, SlotsSnapshot):
-                pl.process_snapshot(item)
-            elif isinstance(item, LoraAdapters):
-                pl.process_adapters(item)
-            elif item is _OVERSIZED:
-                pl.oversized_line()
-            elif item is _CATCH_UP or item is _CAUGHT_UP:
-                pl.catch_up(item is _CATCH_UP)
-            elif isinstance(item, LogPosition):
+            if isinstance(item, LogPosition):
                 # every line before it has been processed: what a restart may skip
                 self._position = item
                 # saved at once when records went out since the last save (a restart must not
@@ -268,6 +260,11 @@ class Exporter:
                     or time.monotonic() - self._position_saved >= POSITION_SAVE_INTERVAL
                 ):
                     self._save_position()
+                continue
+            if isinstance(item, Lines):
+                # a scrape being rendered goes first (a catch-up's batches can wait)
+                self.answering.idle.wait(YIELD_TO_SCRAPE_SECONDS)
+            pl.process(item)
         # with a saved position the next start reads the running tasks' ends: not cancelled
         pl.flush(running=self.position_path is None)
         self._save_position()
@@ -356,7 +353,7 @@ class Exporter:
         if self.httpd is not None:
             self.httpd.shutdown()
         try:
-            self.q.put(_STOP, timeout=5)
+            self.q.put(_Stop(), timeout=5)
         except queue.Full:
             pass
         for t in self.threads:

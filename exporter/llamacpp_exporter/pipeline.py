@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from functools import partial
 from typing import Final
 
 from prometheus_client import CollectorRegistry
@@ -24,7 +23,7 @@ from .config import MetricsConfig
 from .demux import ROUTER_EVENTS, RouterDemux
 from .export.conversations import ConversationCollector, ConversationCosts
 from .export.events import EventsFile
-from .export.metrics import LogMetrics, RequestMetrics
+from .export.metrics import LogMetrics, ModelMetrics, RequestMetrics
 from .export.router import RouterMetrics
 from .parse import TESTED_BUILDS
 from .records import ConversationProof, JoinSource, LoraAdapters, RecordKey, RequestRecord, SlotsSnapshot
@@ -32,45 +31,51 @@ from .records import ConversationProof, JoinSource, LoraAdapters, RecordKey, Req
 log = logging.getLogger(__name__)
 
 
-class _Facts:
-    """One server process's line-level facts (a plain server's, or one child of a router):
-    to the log metrics under its model, with what the operator should read in the exporter's
-    own log said once."""
+class ServerProcess(ModelMetrics):
+    """One server process (a plain server, or one child of a router): its assembler, and the
+    assembler's outbound side (assemble.Sink). Facts go to the metrics under its model (the
+    view export/ keeps of it), with what the operator should read in the exporter's own log
+    said once; each finished record and each late proof goes through the pipeline's fan-out,
+    unless it is a request the exporter counted before a restart; /slots polls go to the
+    poller with the model."""
 
-    def __init__(self, metrics: LogMetrics, requests: RequestMetrics, costs: ConversationCosts, model: str) -> None:
-        self.metrics = metrics
-        self.requests = requests
-        self.model = model
+    def __init__(self, pipeline: Pipeline, model: str, on_listening: Callable[[str], None] | None = None) -> None:
+        super().__init__(pipeline.metrics, pipeline.requests, pipeline.costs, model)
+        self.pipeline = pipeline
+        self.on_listening = on_listening  # the server's own (not a router's child's)
         self._untested_warned = False
         self._of = f" (model {model})" if model else ""
-        metrics.model_known(model)
-        m = model
-        self.cache_state = partial(metrics.cache_state, m)
-        self.cache_saved = partial(metrics.cache_saved, m)
-        self.cache_evicted = partial(metrics.cache_evicted, m)
-        self.cache_update_duration = partial(metrics.cache_update_duration, m)
-        self.prefill_in_progress = partial(metrics.prefill_in_progress, m)
-        self.out_of_order_lines = partial(metrics.out_of_order_lines, m)
-        self.conversation_arrival_dropped = partial(metrics.conversation_arrival_dropped, m)
-        self.request_never_started = partial(requests.never_started, m)
-        self.conversation_cost = costs.cost
-        self.proof_consumers: list[Callable[[RequestRecord, ConversationProof], None]] = []
-        self.on_listening: Callable[[str], None] | None = None  # the server's own (not a router's child's)
-        self.skip_proof: Callable[[RequestRecord], bool] = lambda _rec: False
+        self.assembler = Assembler(
+            self,
+            pipeline.settings,
+            slots_polled=pipeline.slots_polled,
+            pseudonymize=pipeline.pseudonymize,
+            model=model,
+        )
+
+    # -- what the assembler hands on
+    def record(self, record: RequestRecord) -> None:
+        if self.assembler.replayed(record) and self.pipeline.written_before(record):
+            return
+        self.pipeline.emit(record)
 
     def conversation_proven(self, record: RequestRecord, conversation: str, source: JoinSource) -> None:
-        if self.skip_proof(record):
+        if self.assembler.replayed(record) and self.pipeline.written_before(record):
             return
-        proof = ConversationProof(record.key, record.epoch, conversation, source)
-        for consume in self.proof_consumers:
-            consume(record, proof)
+        self.pipeline.emit_proof(record, ConversationProof(record.key, record.epoch, conversation, source))
 
-    def slots_known(self, slot_ids: list[int]) -> None:
-        self.metrics.slots_known(self.model, slot_ids)
-        self.requests.slots_known(self.model, slot_ids)
+    def slots_poll(self, until_prefill_started: bool) -> None:
+        poll = self.pipeline.request_slots_poll
+        if poll is not None:
+            poll(until_prefill_started, self.model)
 
+    def server_listening(self, url: str) -> None:
+        if self.on_listening is not None:
+            self.on_listening(url)
+
+    # -- facts the operator reads about in the exporter's log too
     def diagnostics(self, available: bool, verbosity: int | None) -> None:
-        self.metrics.diagnostics(self.model, available, verbosity)
+        super().diagnostics(available, verbosity)
         if not available:
             log.warning(
                 "llama-server%s is not logging at -lv 4: RAM prompt-cache diagnostics (restores, LoRA "
@@ -82,11 +87,11 @@ class _Facts:
             log.info("llama-server%s logs at -lv 4: RAM prompt-cache diagnostics available", self._of)
 
     def debug_logging_ended(self) -> None:
-        self.metrics.debug_logging_ended(self.model)
+        super().debug_logging_ended()
         log.info("llama-server%s restarted without DEBUG lines: its new log lines hold no prompt text", self._of)
 
     def debug_logging_seen(self) -> None:
-        self.metrics.debug_logging_seen(self.model)
+        super().debug_logging_seen()
         log.warning(
             "llama-server%s logs DEBUG lines (-lv 5 / -v): its log contains prompt and completion "
             "text. The exporter drops these lines and copies no text, but the log file itself "
@@ -95,7 +100,7 @@ class _Facts:
         )
 
     def server_build(self, number: int, commit: str) -> None:
-        self.metrics.server_build(self.model, number, commit)
+        super().server_build(number, commit)
         if number == 0:
             log.info("llama-server%s was built without version information (build 0): its build is unknown", self._of)
         elif number in TESTED_BUILDS:
@@ -112,13 +117,32 @@ class _Facts:
                 ", ".join(map(str, TESTED_BUILDS)),
             )
 
-    def server_listening(self, url: str) -> None:
-        if self.on_listening is not None:
-            self.on_listening(url)
-
     def server_restart(self) -> None:
-        self.metrics.server_restart(self.model)
+        super().server_restart()
         log.info("llama-server%s restart seen in the log: starting a new epoch", self._of)
+
+
+class Lines:
+    """Lines of the log read at one time (at most a few hundred)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+
+class OversizedLine:
+    """A line longer than the limit was read and dropped."""
+
+
+class CatchUp:
+    """started: the lines that follow were written before the exporter started; else they end."""
+
+    def __init__(self, started: bool) -> None:
+        self.started = started
+
+
+# What the pipeline takes in, in the order it happened: the log's lines, and what the poller
+# saw of the server between them.
+Input = Lines | OversizedLine | CatchUp | SlotsSnapshot | LoraAdapters
 
 
 class Pipeline:
@@ -163,71 +187,56 @@ class Pipeline:
         self._prefixed = False  # the log's lines carry llama-server's prefix (a timestamp)
         self._catching_up = False
         # the plain server, or the router's own lines (a router serves no request itself)
-        self.assembler = self._new_assembler("", on_listening=on_server_listening)
+        self.assembler = ServerProcess(self, "", on_server_listening).assembler
         self.demux = RouterDemux(self._new_assembler, self.requests, self.metrics, self.router)
 
-    def _new_assembler(self, model: str, on_listening: Callable[[str], None] | None = None) -> Assembler:
-        facts = _Facts(self.metrics, self.requests, self.costs, model)
-        facts.on_listening = on_listening
-        # a conversation proven after its record went out: to the conversation series, the
-        # events file and a caller's callback
-        facts.proof_consumers.append(lambda rec, proof: self.costs.proven(proof.conversation, rec))
-        events, on_proof = self.events, self.on_proof
-        if events is not None:
-            facts.proof_consumers.append(lambda _rec, proof: events.write_proof(proof))
-        if on_proof is not None:
-            facts.proof_consumers.append(lambda _rec, proof: on_proof(proof))
-        poll = self.request_slots_poll
-        a = Assembler(
-            facts,
-            self.settings,
-            on_record=lambda rec: self._emit(rec, a),
-            slots_polled=self.slots_polled,
-            request_slots_poll=None if poll is None else (lambda until: poll(until, model)),
-            pseudonymize=self.pseudonymize,
-            model=model,
-        )
-        facts.skip_proof = lambda rec: self._before_start(rec, a)
-        a.caught_up_at = None  # (epoch, log time) the exporter started at
-        if self._catching_up:
-            a.saved_poll, a.request_slots_poll = a.request_slots_poll, None
+    def _new_assembler(self, model: str) -> Assembler:
+        a = ServerProcess(self, model).assembler
+        a.catch_up(self._catching_up)
         return a
 
     @property
     def assemblers(self) -> list[Assembler]:
         return [self.assembler, *self.demux.children.values()]
 
-    def _emit(self, record: RequestRecord, source: Assembler) -> None:
-        if self._before_start(record, source):
-            return
+    def emit(self, record: RequestRecord) -> None:
         self.records_out += 1
         for consume in self.consumers:
             consume(record)
 
-    def _before_start(self, record: RequestRecord, source: Assembler) -> bool:
-        """A request that ended before the exporter started (read again to catch up) and was
-        written then. Known from the events file when there is one: a record that was still
-        waiting when the exporter was killed goes out now; else every such request is."""
-        q = source.caught_up_at
-        if not self._catching_up and (q is None or (record.epoch, record.end_us or 0) > q):
-            return False
-        if self.written is None:
-            return True
-        return record.key in self.written
+    def emit_proof(self, record: RequestRecord, proof: ConversationProof) -> None:
+        """A conversation proven after its record went out: to the conversation series, the
+        events file and a caller's callback."""
+        self.costs.proven(proof.conversation, record)
+        if self.events is not None:
+            self.events.write_proof(proof)
+        if self.on_proof is not None:
+            self.on_proof(proof)
+
+    def written_before(self, record: RequestRecord) -> bool:
+        """Whether a request read again to catch up was written by the exporter that ran then.
+        Known from the events file when there is one: a record that was still waiting when the
+        exporter was killed goes out now; else every such request was."""
+        return self.written is None or record.key in self.written
 
     def catch_up(self, started: bool) -> None:
-        """The lines between ``catch_up(True)`` and ``catch_up(False)`` were written before the
-        exporter started (the server run so far): they build the assembler's state as a replay
-        would, but their requests are not counted again, and they ask for no /slots poll."""
-        if started:
-            self._catching_up = True
-            for a in self.assemblers:
-                a.saved_poll, a.request_slots_poll = a.request_slots_poll, None
-        elif self._catching_up:
-            self._catching_up = False
-            for a in self.assemblers:
-                a.request_slots_poll = a.saved_poll
-                a.caught_up_at = (a.epoch, a.clock.now)
+        """See Assembler.catch_up: for every assembler, and those made meanwhile."""
+        self._catching_up = started
+        for a in self.assemblers:
+            a.catch_up(started)
+
+    def process(self, item: Input) -> None:
+        """One item of the live exporter's queue."""
+        if isinstance(item, Lines):
+            self.process_lines(item.lines)
+        elif isinstance(item, SlotsSnapshot):
+            self.process_snapshot(item)
+        elif isinstance(item, LoraAdapters):
+            self.process_adapters(item)
+        elif isinstance(item, OversizedLine):
+            self.oversized_line()
+        else:
+            self.catch_up(item.started)
 
     # ------------------------------------------------------------ inputs
     def process_line(self, line: str, now: float | None = None) -> None:

@@ -34,12 +34,15 @@ QUIET_MARGIN_US: Final = 1_000_000
 
 
 class Sink(CacheSink, ServerSink, AttributionSink, Protocol):
-    """Facts read straight from lines, for each part's own sink (the finished records go to
-    on_record), and the few the assembler reports itself."""
+    """The assembler's outbound side, one interface: the facts read straight from lines (each
+    part sees its own share of it), the few the assembler reports itself, each finished
+    record, and the /slots polls it asks for."""
 
     def prefill_in_progress(self, slot: int, tokens: int) -> None: ...
     def server_restart(self) -> None: ...
     def out_of_order_lines(self, n: int) -> None: ...
+    def record(self, record: RequestRecord) -> None: ...
+    def slots_poll(self, until_prefill_started: bool) -> None: ...
 
 
 @dataclass(slots=True)
@@ -57,24 +60,24 @@ class Assembler:
         sink: Sink,
         settings: AssemblySettings | None = None,
         *,
-        on_record: Callable[[RequestRecord], None],
         slots_polled: bool = False,
-        request_slots_poll: Callable[[bool], None] | None = None,
         pseudonymize: Callable[[str], str] | None = None,
         model: str = "",
     ) -> None:
         self.sink = sink
         self.model = model  # a router's child: the model it serves ("" for a plain server)
-        self.caught_up_at: tuple[int, int] | None = None  # (epoch, log time) the exporter started at
-        self.saved_poll: Callable[[bool], None] | None = None  # request_slots_poll while catching up
-        self.request_slots_poll = request_slots_poll  # ask for a /slots poll now (a task started or ended)
+        # the lines read again at the exporter's start (catch_up): their requests were counted
+        # by the exporter that ran then, and they ask for no /slots poll
+        self.catching_up = False
+        self.caught_up_at: tuple[int, int] | None = None  # (epoch, log time) the catch-up ended at
         self.epoch = 0
         self.server = ServerState(sink, self._server_changed)
         self.clock = LogClock()
         self.lora = LoraTracker()
         self.attribution = Attribution(sink, pseudonymize or Pseudonymizer(), lambda: self.clock.now, self._all_idle)
-        self.finisher = Finisher(on_record, settings or AssemblySettings(), self.lora, self.attribution, slots_polled)
-        self.finisher.model = model
+        self.finisher = Finisher(
+            sink.record, settings or AssemblySettings(), self.lora, self.attribution, slots_polled, model
+        )
         if model:
             self.attribution.lineage_scope = f"lineage:{model}:"
         self._choices: dict[int, int] = {}  # parent task -> choices of its n > 1 request
@@ -111,8 +114,8 @@ class Assembler:
         self.cache = PromptCacheLog(
             self.sink, self.attribution.entry_evicted, lambda: self.server.set_diagnostics(True)
         )
-        self.prefills = self.finisher.prefills = PrefillTimeline()
-        self.finisher.eviction_need = self.cache.mirror.returned
+        self.prefills = PrefillTimeline()
+        self.finisher.new_epoch(self.prefills, self.cache.mirror.returned)
         self.clock.last_ts = None
         self._epoch_lines = 0
         self.attribution.new_epoch(self.epoch, len(self.server.known_slots) or None)
@@ -134,6 +137,23 @@ class Assembler:
         self._reset_epoch_state()
         self.server.run_started()
         self.sink.server_restart()
+
+    def catch_up(self, started: bool) -> None:
+        """The lines between ``catch_up(True)`` and ``catch_up(False)`` were written before the
+        exporter started (the server run so far): they build the state as a replay would, but
+        ask for no /slots poll, and their records are replayed (see ``replayed``)."""
+        if started:
+            self.catching_up = True
+        elif self.catching_up:
+            self.catching_up = False
+            self.caught_up_at = (self.epoch, self.clock.now)
+
+    def replayed(self, record: RequestRecord) -> bool:
+        """A request that ended before the exporter started, read again to catch up."""
+        if self.catching_up:
+            return True
+        q = self.caught_up_at
+        return q is not None and (record.epoch, record.end_us or 0) <= q
 
     def flush(self, running: bool = True) -> None:
         """End of input (replay) or shutdown: emit every record still waiting, and with
@@ -337,9 +357,9 @@ class Assembler:
         s.last_task = ev.task
         if not ev.is_child:  # a child copies its parent's prompt state: no prefill of its own
             self.prefills.launched(ev.slot, ev.task, self.clock.now)
-        if self.request_slots_poll is not None:
+        if not self.catching_up:
             # the LoRA always comes from /slots; the reused tokens only when the log lacks them
-            self.request_slots_poll(self.server.diagnostics is not True)
+            self.sink.slots_poll(self.server.diagnostics is not True)
 
     def _draft(self, slot: int, task: int) -> TaskDraft | None:
         s = self._slots.get(slot)
@@ -424,8 +444,8 @@ class Assembler:
             d.prompt_tokens = d.reused_tokens + d.prefill_tokens
         if d.reuse_source != "log" and not d.cancelled and self.server.verbosity is None:
             self.server.set_diagnostics(False)  # a whole task without its TRACE lines: -lv 3
-        if self.request_slots_poll is not None:
-            self.request_slots_poll(False)  # capture params.lora right after the task, if missed
+        if not self.catching_up:
+            self.sink.slots_poll(False)  # capture params.lora right after the task, if missed
         if d.is_child:
             return  # another choice of its parent's request: the parent's record is the request
         self.finisher.add(d)

@@ -73,6 +73,7 @@ class Finisher:
         lora_tracker: LoraTracker,
         attribution: Attribution,
         slots_polled: bool,
+        model: str = "",  # a router's child: the model it serves
     ) -> None:
         self.emit = emit
         self.settings = settings
@@ -80,12 +81,17 @@ class Finisher:
         self.attribution = attribution
         self.slots_polled = slots_polled
         self.pending: list[TaskDraft] = []
-        self.prefills = PrefillTimeline()  # the current epoch's, set by the assembler
+        self.prefills = PrefillTimeline()  # the current epoch's (new_epoch)
         # what a larger RAM cache needed to keep an evicted entry: the current epoch's mirror's
         self.eviction_need: Callable[[Source], EvictionNeed | None] = lambda source: None
         self.snapshot_seq = 0  # /slots snapshots seen
         self.next_deadline = 1 << 62  # the earliest log time a waiting record stops waiting for the join
-        self.model = ""  # a router's child: the model it serves
+        self.model = model
+
+    def new_epoch(self, prefills: PrefillTimeline, eviction_need: Callable[[Source], EvictionNeed | None]) -> None:
+        """A new server process: its prefill timeline and its RAM cache's mirror."""
+        self.prefills = prefills
+        self.eviction_need = eviction_need
 
     def add(self, d: TaskDraft) -> None:
         d.released_seq = self.snapshot_seq

@@ -36,6 +36,7 @@ from ..records import (
     finish_reason,
     kept_by_larger_cache,
 )
+from .conversations import ConversationCosts
 from .exposition import Encoding, RenderedChildren, render_families
 
 # the larger caches the live capacity figures are for (analyze gives the whole curve)
@@ -597,6 +598,7 @@ class LogMetrics:
         self.models: set[str] = set()
         # each model's RAM-cache children, looked up once: labels() costs more than the update
         self._cache_series: dict[str, _CacheSeries] = {}
+        self._builds: dict[str, tuple[str, str]] = {}  # model -> the build labels it shows
         self.model_known("")
 
     def model_known(self, model: str) -> None:
@@ -643,8 +645,9 @@ class LogMetrics:
         self._slots.pop(model, None)
 
     def _remove_build(self, model: str) -> None:
-        for labels in [k for k in list(self.server_build_info._metrics) if k[0] == model]:
-            self.server_build_info.remove(*labels)
+        labels = self._builds.pop(model, None)
+        if labels is not None:
+            self.server_build_info.remove(model, *labels)
 
     def line_counts(self) -> dict[str, int]:
         """Lines read so far, by result (LOG_LINE_RESULTS)."""
@@ -703,6 +706,7 @@ class LogMetrics:
 
     def server_build(self, model: str, number: int, commit: str) -> None:
         self._remove_build(model)  # one process at a time: a restart may bring another build
+        self._builds[model] = (str(number), commit)
         self.server_build_info.labels(model, str(number), commit).set(1)
 
     def out_of_order_lines(self, model: str, n: int) -> None:
@@ -718,6 +722,64 @@ class LogMetrics:
 
     def debug_logging_ended(self, model: str) -> None:
         self.debug_logging.labels(model).set(0)
+
+
+class ModelMetrics:
+    """The metrics of one server process (a plain server, "" for its model, or a router's
+    child): the facts its assembler reads from the log, each under that model's label."""
+
+    def __init__(self, log: LogMetrics, requests: RequestMetrics, costs: ConversationCosts, model: str) -> None:
+        self.log = log
+        self.requests = requests
+        self.costs = costs
+        self.model = model
+        log.model_known(model)
+
+    def cache_state(self, entries: int, size_bytes: float, limit_bytes: float) -> None:
+        self.log.cache_state(self.model, entries, size_bytes, limit_bytes)
+
+    def cache_saved(self) -> None:
+        self.log.cache_saved(self.model)
+
+    def cache_evicted(self, size_bytes: float) -> None:
+        self.log.cache_evicted(self.model, size_bytes)
+
+    def cache_update_duration(self, seconds: float) -> None:
+        self.log.cache_update_duration(self.model, seconds)
+
+    def prefill_in_progress(self, slot: int, tokens: int) -> None:
+        self.log.prefill_in_progress(self.model, slot, tokens)
+
+    def out_of_order_lines(self, n: int) -> None:
+        self.log.out_of_order_lines(self.model, n)
+
+    def conversation_arrival_dropped(self) -> None:
+        self.log.conversation_arrival_dropped(self.model)
+
+    def request_never_started(self) -> None:
+        self.requests.never_started(self.model)
+
+    def conversation_cost(self, conversation: str, seconds: float) -> None:
+        self.costs.cost(conversation, seconds)
+
+    def slots_known(self, slot_ids: list[int]) -> None:
+        self.log.slots_known(self.model, slot_ids)
+        self.requests.slots_known(self.model, slot_ids)
+
+    def diagnostics(self, available: bool, verbosity: int | None) -> None:
+        self.log.diagnostics(self.model, available, verbosity)
+
+    def debug_logging_seen(self) -> None:
+        self.log.debug_logging_seen(self.model)
+
+    def debug_logging_ended(self) -> None:
+        self.log.debug_logging_ended(self.model)
+
+    def server_build(self, number: int, commit: str) -> None:
+        self.log.server_build(self.model, number, commit)
+
+    def server_restart(self) -> None:
+        self.log.server_restart(self.model)
 
 
 class _LineCollector(Collector):
