@@ -102,9 +102,10 @@ def replay(lines, ps=None, proven: bool = True) -> list[RequestRecord]:
     return recs
 
 
-def exported_metric_names() -> set[str]:
-    """Every sample name the exporter can serve: its own families (with their _total,
-    _bucket, _sum, _count samples) and llama-server's re-exported ones."""
+def exported_families() -> dict[str, str]:
+    """Every family the exporter itself can serve, by the name its samples start with (a
+    counter's with _total), and its type: the pipeline's, the poller's, the source's, the
+    application's own (ready, build info), a router's."""
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.pipeline import Pipeline
@@ -116,9 +117,6 @@ def exported_metric_names() -> set[str]:
     pl.router.mode = True  # a router's own families too
     PollerMetrics(reg)
     SourceStats(reg)
-    suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
-    names = {f.name + sfx for f in reg.collect() for sfx in suffixes.get(f.type, [""])}
-    # ... and the application's own (ready, build info), from an exporter that is not started
     from llamacpp_exporter.app import Exporter
     from llamacpp_exporter.config import Config
 
@@ -127,7 +125,15 @@ def exported_metric_names() -> set[str]:
         app = Exporter(Config())
     finally:
         logging.getLogger("llamacpp_exporter").disabled = False
-    names |= {f.name + sfx for f in app.registry.collect() for sfx in suffixes.get(f.type, [""])}
+    families = [*reg.collect(), *app.registry.collect()]
+    return {f.name + ("_total" if f.type == "counter" else ""): f.type for f in families}
+
+
+def exported_metric_names() -> set[str]:
+    """Every sample name the exporter can serve: its own families (with their _total,
+    _bucket, _sum, _count samples) and llama-server's re-exported ones."""
+    suffixes = {"histogram": ["_bucket", "_sum", "_count"]}
+    names = {name + sfx for name, kind in exported_families().items() for sfx in suffixes.get(kind, [""])}
     for line in (ROOT / "tests" / "fixtures" / "server" / "metrics.txt").read_text().splitlines():
         if line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0].replace("llamacpp:", "llamacpp_server_"))

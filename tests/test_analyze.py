@@ -25,6 +25,7 @@ from support import expected_from_truth, samples, truths
 
 from llamacpp_exporter.assemble.classify import outcome
 from llamacpp_exporter.assemble.finish import AssemblySettings
+from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.offline import analyze, plots, report
 from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
 
@@ -643,3 +644,14 @@ def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records()
     key = lambda r: (r.slot, r.task)  # noqa: E731
     got = {key(r): (r.conversation, r.conversation_source) for r in recs}
     assert got == {(r.slot, r.task): (r.conversation, r.conversation_source) for r in proven}
+
+
+def test_the_sources_count_the_server_restarts_in_the_log(tmp_path):
+    """A log of two server runs: one restart (the figure once read a sample without its model
+    label and said 0)."""
+    run = (Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log").read_text()
+    log = tmp_path / "two-runs.log"
+    log.write_text(run + run)
+    res = analyze.analyze(analyze.Inputs([str(log)], []), AssemblySettings(), Pseudonymizer("salt"))
+    assert res.sources["server_restarts_seen"] == 1
+    assert len({r.epoch for r in res.records}) == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,47 @@ def test_prometheus_clients_own_collectors_render_through_it():
         assert reg.render(negotiate(accept)) == _library(accept, reg)
     reg.unregister(g)
     assert reg.render(negotiate("")) == b""
+
+
+def _readme_metric_rows() -> list[tuple[list[str], str]]:
+    """The README's metrics table: each row's names (a name starting with "_" shares the
+    first name's beginning: `llamacpp_prompt_cache_entries`, `_bytes`) and its type cell."""
+    rows = []
+    for line in (Path(__file__).resolve().parent.parent / "README.md").read_text().splitlines():
+        if line.startswith("| `") and line.count("|") >= 5:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows.append((re.findall(r"`([^`]+)`", cells[0]), cells[1]))
+    return rows
+
+
+def test_the_readme_metrics_table_is_what_the_exporter_exports(tmp_path):
+    from support import exported_families
+
+    from llamacpp_exporter.export.web_config import WebConfigFile
+
+    families = exported_families()
+    web = CollectorRegistry()  # the families only an exporter with --web.config.file has
+    (tmp_path / "web.yml").write_text("{}\n")
+    WebConfigFile(str(tmp_path / "web.yml"), web)
+    families |= {f.name + ("_total" if f.type == "counter" else ""): f.type for f in web.collect()}
+    listed, wrong = set(), []
+    for names, kind in _readme_metric_rows():
+        first = names[0]
+        for name in names:
+            if name.endswith("*"):  # llama-server's own, renamed; the process collector's
+                found = [f for f in families if f.startswith(name[:-1])]
+                if not found and not name.startswith("llamacpp_server_"):
+                    wrong.append(f"{name}: no such family")
+                listed |= set(found)
+                continue
+            if name.startswith("_"):
+                parts = first.split("_")
+                candidates = ["_".join(parts[:i]) + name for i in range(len(parts) - 1, 0, -1)]
+                name = next((c for c in candidates if c in families), candidates[0])
+            if name not in families:
+                wrong.append(f"{name}: listed in the README, not exported")
+            elif families[name] not in kind:
+                wrong.append(f"{name}: a {families[name]}, the README says {kind}")
+            listed.add(name)
+    assert not wrong, wrong
+    assert set(families) - listed == set(), "exported, not in the README's table"

@@ -45,6 +45,8 @@ LARGER_CACHE_LABELS: Final = {"2x": 2.0, "4x": 4.0}
 PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 CACHE_UPDATE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
+# how a request's conversation was found (records.JoinSource), or none for an embedding task
+CONVERSATION_SOURCES: Final = ("header", "lineage", "uncertain", "none")
 
 
 class _CounterValues:
@@ -54,10 +56,20 @@ class _CounterValues:
 
     metric_family: type[CounterMetricFamily] | type[GaugeMetricFamily] = CounterMetricFamily
 
-    def __init__(self, name: str, doc: str, labelnames: Sequence[str] = ()) -> None:
+    def __init__(
+        self, name: str, doc: str, labelnames: Sequence[str] = (), space: Sequence[Sequence[str]] | None = None
+    ) -> None:
         self.name, self.doc, self.labelnames = name, doc, list(labelnames)
+        # the values of the labels after the model, whose every combination exists from the
+        # moment the model is known (None: children made by what happens, slots say)
+        self.space = space
         self.values: dict[tuple[str, ...], float] = {}
         self.rendered = RenderedChildren(self._family)
+
+    def known(self, model: str) -> None:
+        if self.space is not None:
+            for rest in itertools.product(*self.space):
+                self.add((model, *rest), 0.0)
 
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
         self.values[key] = self.values.get(key, 0.0) + amount
@@ -96,12 +108,19 @@ class _HistogramValues:
 
     metric_family = HistogramMetricFamily
 
-    def __init__(self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float]) -> None:
+    def __init__(
+        self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float], space: Sequence[Sequence[str]]
+    ) -> None:
         self.name, self.doc, self.labelnames = name, doc, list(labelnames)
+        self.space = space  # as _CounterValues'
         self.bounds = [float(b) for b in buckets] + [math.inf]
         self.le = [floatToGoString(b) for b in self.bounds]
         self.children: dict[tuple[str, ...], _HistogramChild] = {}
         self.rendered = RenderedChildren(self._family)
+
+    def known(self, model: str) -> None:
+        for rest in itertools.product(*self.space):
+            self.child((model, *rest))
 
     def child(self, key: tuple[str, ...]) -> _HistogramChild:
         c = self.children.get(key)
@@ -164,184 +183,197 @@ class RequestMetrics(_FamiliesCollector):
 
     def __init__(self, registry: CollectorRegistry, buckets: MetricsConfig | None = None) -> None:
         b = buckets or MetricsConfig()
-        pl = ["model", "path", "lora"]
-        self.requests = _CounterValues(
-            "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl
+        families: list[_CounterValues | _HistogramValues] = []
+
+        def counter(name: str, doc: str, labels: list[str], space: Sequence[Sequence[str]] | None) -> _CounterValues:
+            families.append(f := _CounterValues(name, doc, labels, space))
+            return f
+
+        def histogram(
+            name: str, doc: str, labels: list[str], bounds: Sequence[float], space: Sequence[Sequence[str]]
+        ) -> _HistogramValues:
+            families.append(f := _HistogramValues(name, doc, labels, bounds, space))
+            return f
+
+        # each family with its labels and the values they take, in the order of the exposition
+        pl, pl_space = ["model", "path", "lora"], (PATHS, LORA_STATES)
+        self.requests = counter(
+            "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, pl_space
         )
-        self.cancelled = _CounterValues(
-            "llamacpp_requests_cancelled", "Requests that ended without a timings block (cancelled or failed).", pl
-        )
-        self.prompt_tokens = _CounterValues(
-            "llamacpp_prompt_tokens", "Prompt tokens of completed requests (reused plus computed), where known.", pl
-        )
-        self.reused_tokens = _CounterValues(
-            "llamacpp_prompt_tokens_reused",
-            "Prompt tokens reused from the slot or the RAM prompt cache, where known.",
+        self.cancelled = counter(
+            "llamacpp_requests_cancelled",
+            "Requests that ended without a timings block (cancelled or failed).",
             pl,
+            pl_space,
         )
-        self.finished = _CounterValues(
+        self.finished = counter(
             "llamacpp_requests_finished",
             "Requests (tasks) that ended on a slot, by how, where the log states it: stop (an end of sequence, a stop "
             "word or the token limit), truncated (the context filled up), cancelled (the client went away while it "
             "ran), failed (an error).",
             ["model", "reason"],
+            (FINISH_REASONS,),
         )
-        self.not_started = _CounterValues(
+        self.not_started = counter(
             "llamacpp_requests_never_started",
             "Requests that arrived (their conv_id line, -lv 4) and never started on a slot: their client gave up "
             "while they were queued, or llama-server rejected them first. Counted once the server idles and the "
             "log accounts for every arrival (never on a server that is never idle).",
             ["model"],
+            (),
         )
-        self.outcomes = _CounterValues(
+        self.prompt_tokens = counter(
+            "llamacpp_prompt_tokens",
+            "Prompt tokens of completed requests (reused plus computed), where known.",
+            pl,
+            pl_space,
+        )
+        self.reused_tokens = counter(
+            "llamacpp_prompt_tokens_reused",
+            "Prompt tokens reused from the slot or the RAM prompt cache, where known.",
+            pl,
+            pl_space,
+        )
+        self.outcomes = counter(
             "llamacpp_prompt_cache_outcomes",
             "Prompt-cache outcome of requests with at least cache.min_prompt_tokens prompt tokens: hit (reused >= hit ratio), partial, miss (reused < miss ratio).",
             [*pl, "outcome"],
+            (*pl_space, OUTCOMES),
         )
-        self.misses = _CounterValues(
+        self.misses = counter(
             "llamacpp_prompt_cache_misses",
             "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), evicted (the conversation's RAM-cache entry was evicted before it came back), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
             [*pl, "cause"],
+            (*pl_space, MISS_CAUSES),
         )
-        self.evicted_avoidable = _CounterValues(
+        self.evicted_avoidable = counter(
             "llamacpp_prompt_cache_evicted_misses_avoidable",
             'Misses of conversations whose RAM-cache entry had been evicted (misses_total{cause="evicted"}) that '
             "a --cache-ram this many times the one in force would have avoided: it would still have held the entry "
             "(llama-server evicts the oldest entry first).",
             ["model", "cache_ram"],
+            (tuple(LARGER_CACHE_LABELS),),
         )
-        self.evicted_avoidable_seconds = _CounterValues(
+        self.evicted_avoidable_seconds = counter(
             "llamacpp_prompt_cache_evicted_prefill_avoidable_seconds",
             "Prefill seconds of those misses a restore of the entry would have saved, by the same larger --cache-ram.",
             ["model", "cache_ram"],
+            (tuple(LARGER_CACHE_LABELS),),
         )
-        self.evicted_size_unknown = _CounterValues(
+        self.evicted_size_unknown = counter(
             "llamacpp_prompt_cache_evicted_misses_size_unknown",
             "Misses of conversations whose RAM-cache entry had been evicted, for which the log cannot tell the "
             "cache size that would have kept it (the entry not followed from its eviction, or no byte limit).",
             ["model"],
+            (),
         )
-        self.restores = _CounterValues(
+        self.restores = counter(
             "llamacpp_prompt_cache_restores",
             "RAM prompt-cache entries restored into a slot, by what became of them. discarded_lora_wrongful: "
             "discarded for a LoRA change although computed under the request's LoRA configuration.",
             ["model", "lora", "result"],
+            (LORA_STATES, RESTORE_RESULTS),
         )
-        self.mismatch = _CounterValues(
+        self.mismatch = counter(
             "llamacpp_prompt_cache_lora_mismatch_reuse",
             "Restored RAM-cache entries computed under another LoRA configuration and reused anyway (wrong-output risk).",
             ["model", "lora"],
+            (LORA_STATES,),
         )
-        self.prefill_seconds = _HistogramValues(
+        self.prefill_seconds = histogram(
             "llamacpp_prefill_duration_seconds",
             "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
             pl,
             b.prefill_duration_buckets,
+            pl_space,
         )
-        self.prefill_tokens = _HistogramValues(
+        self.prefill_tokens = histogram(
             "llamacpp_prefill_tokens",
             "Prompt tokens computed (not reused) by a request's prefill.",
             pl,
             PREFILL_TOKENS_BUCKETS,
+            pl_space,
         )
-        self.tpot = _HistogramValues(
+        self.tpot = histogram(
             "llamacpp_time_per_output_token_seconds",
             "Mean decode time per output token of a request; contention=prefill when other slots prefilled during more than the configured fraction of its decoding.",
             ["model", "contention"],
             b.time_per_output_token_buckets,
+            (CONTENTION,),
         )
-        self.queue = _HistogramValues(
+        self.queue = histogram(
             "llamacpp_request_queue_seconds",
             "Time a request waited from its arrival (its conv_id line, -lv 4) to its launch on a slot: for a free "
             "slot, tokenizing; on a busy server, waiting for one. Observed where the log pins the arrival "
             "to within 25 ms (else counted in llamacpp_request_latency_unknown_total).",
             ["model"],
             b.latency_buckets,
+            (),
         )
-        self.ttft = _HistogramValues(
+        self.ttft = histogram(
             "llamacpp_time_to_first_token_seconds",
             "Time to first token of a request: its queue time plus its prefill (llama-server's prompt eval time).",
             ["model"],
             b.latency_buckets,
+            (),
         )
-        self.e2e = _HistogramValues(
+        self.e2e = histogram(
             "llamacpp_request_duration_seconds",
             "End-to-end time of a request in llama-server: from its arrival to its slot's release (queue, "
             "prefill and generation).",
             ["model"],
             b.latency_buckets,
+            (),
         )
-        self.latency_unknown = _CounterValues(
+        self.latency_unknown = counter(
             "llamacpp_request_latency_unknown",
             "Completed requests whose queue time, time to first token and end-to-end time are not observed: the log "
             "does not pin their arrival (below -lv 4, or several requests arrived at once and the task ids do not "
             "tell which was which).",
             ["model"],
+            (),
         )
-        self.overlap = _CounterValues(
+        self.overlap = counter(
             "llamacpp_decode_prefill_overlap_seconds",
             "Seconds during which this slot was decoding while another slot was prefilling.",
             ["model", "slot"],
+            None,  # the slots the server announced (slots_known)
         )
-        self.takeovers = _CounterValues(
+        self.takeovers = counter(
             "llamacpp_small_task_slot_takeovers",
             "Requests with a small prompt placed on a slot that held a big conversation (e.g. a health probe evicting it).",
             ["model"],
+            (),
         )
-        self.choices = _CounterValues(
-            "llamacpp_request_choices",
-            "Choices generated by completed requests: 1 each, n for a request with n > 1 (its child tasks are "
-            "its other choices, not requests of their own).",
-            ["model"],
-        )
-        self.embedding_tasks = _CounterValues(
-            "llamacpp_embedding_tasks",
-            "Embedding or rerank tasks (one per input) that ended: they evaluate a prompt and sample nothing, and "
-            "never use the RAM prompt cache (told apart at -lv 4).",
-            ["model"],
-        )
-        self.embedding_tokens = _CounterValues(
-            "llamacpp_embedding_prompt_tokens",
-            "Prompt tokens evaluated by embedding or rerank tasks.",
-            ["model"],
-        )
-        self.conversation_joins = _CounterValues(
+        self.conversation_joins = counter(
             "llamacpp_exporter_conversation_joins",
             "Requests by how their conversation was found: header (the X-Conversation-Id the request sent), lineage "
             "(it sent none: cache lineage), uncertain (the log cannot prove which request the task was, so no "
             "conversation is named), none (an embedding or rerank task).",
             ["model", "source"],
+            (CONVERSATION_SOURCES,),
         )
-        super().__init__(
-            [
-                self.requests,
-                self.cancelled,
-                self.finished,
-                self.not_started,
-                self.prompt_tokens,
-                self.reused_tokens,
-                self.outcomes,
-                self.misses,
-                self.evicted_avoidable,
-                self.evicted_avoidable_seconds,
-                self.evicted_size_unknown,
-                self.restores,
-                self.mismatch,
-                self.prefill_seconds,
-                self.prefill_tokens,
-                self.tpot,
-                self.queue,
-                self.ttft,
-                self.e2e,
-                self.latency_unknown,
-                self.overlap,
-                self.takeovers,
-                self.conversation_joins,
-                self.choices,
-                self.embedding_tasks,
-                self.embedding_tokens,
-            ]
+        self.choices = counter(
+            "llamacpp_request_choices",
+            "Choices generated by completed requests: 1 each, n for a request with n > 1 (its child tasks are "
+            "its other choices, not requests of their own).",
+            ["model"],
+            (),
         )
+        self.embedding_tasks = counter(
+            "llamacpp_embedding_tasks",
+            "Embedding or rerank tasks (one per input) that ended: they evaluate a prompt and sample nothing, and "
+            "never use the RAM prompt cache (told apart at -lv 4).",
+            ["model"],
+            (),
+        )
+        self.embedding_tokens = counter(
+            "llamacpp_embedding_prompt_tokens",
+            "Prompt tokens evaluated by embedding or rerank tasks.",
+            ["model"],
+            (),
+        )
+        super().__init__(families)
         self._slots: dict[str, set[int]] = {}
         self.models: set[str] = set()
         self.model_known("")
@@ -353,41 +385,8 @@ class RequestMetrics(_FamiliesCollector):
         if model in self.models:
             return
         self.models.add(model)
-        for path, lora in itertools.product(PATHS, LORA_STATES):
-            key = (model, path, lora)
-            for m in (self.requests, self.cancelled, self.prompt_tokens, self.reused_tokens):
-                m.add(key, 0.0)
-            self.prefill_seconds.child(key)
-            self.prefill_tokens.child(key)
-            for o in OUTCOMES:
-                self.outcomes.add((*key, o), 0.0)
-            for c in MISS_CAUSES:
-                self.misses.add((*key, c), 0.0)
-        for reason in FINISH_REASONS:
-            self.finished.add((model, reason), 0.0)
-        for lora in LORA_STATES:
-            self.mismatch.add((model, lora), 0.0)
-            for res in RESTORE_RESULTS:
-                self.restores.add((model, lora, res), 0.0)
-        for cont in CONTENTION:
-            self.tpot.child((model, cont))
-        for m in (
-            self.takeovers,
-            self.choices,
-            self.embedding_tasks,
-            self.embedding_tokens,
-            self.latency_unknown,
-            self.evicted_size_unknown,
-            self.not_started,
-        ):
-            m.add((model,), 0.0)
-        for label in LARGER_CACHE_LABELS:
-            self.evicted_avoidable.add((model, label), 0.0)
-            self.evicted_avoidable_seconds.add((model, label), 0.0)
-        for h in (self.queue, self.ttft, self.e2e):
-            h.child((model,))
-        for src in ("header", "lineage", "uncertain", "none"):
-            self.conversation_joins.add((model, src), 0.0)
+        for f in self.families:
+            f.known(model)
 
     def forget_model(self, model: str) -> None:
         """A router's log: its own name, "", serves no request. Its zero series go (only
@@ -599,6 +598,7 @@ class LogMetrics:
         # each model's RAM-cache children, looked up once: labels() costs more than the update
         self._cache_series: dict[str, _CacheSeries] = {}
         self._builds: dict[str, tuple[str, str]] = {}  # model -> the build labels it shows
+        self.restarts_seen = 0  # of every model, forgotten ones too
         self.model_known("")
 
     def model_known(self, model: str) -> None:
@@ -703,6 +703,7 @@ class LogMetrics:
 
     def server_restart(self, model: str) -> None:
         self.restarts.labels(model).inc()
+        self.restarts_seen += 1
 
     def server_build(self, model: str, number: int, commit: str) -> None:
         self._remove_build(model)  # one process at a time: a restart may bring another build

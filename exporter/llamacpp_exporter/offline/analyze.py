@@ -320,12 +320,12 @@ def analyze(
         store.close()
         raise
     pl, lines = reading.pipeline, reading.lines
-    g = pl.registry.get_sample_value
+    counts = pl.metrics.line_counts()
     sources["log_lines"] = lines
-    sources["log_lines_parsed"] = int(g("llamacpp_exporter_log_lines_total", {"result": "parsed"}) or 0)
-    sources["log_lines_unrecognized"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unrecognized"}) or 0)
-    sources["log_lines_unreadable"] = int(g("llamacpp_exporter_log_lines_total", {"result": "unreadable"}) or 0)
-    sources["server_restarts_seen"] = int(g("llamacpp_exporter_server_restarts_total") or 0)
+    sources["log_lines_parsed"] = counts["parsed"]
+    sources["log_lines_unrecognized"] = counts["unrecognized"]
+    sources["log_lines_unreadable"] = counts["unreadable"]
+    sources["server_restarts_seen"] = pl.metrics.restarts_seen
     if reading.problems:
         sources["files_not_read_to_the_end"] = reading.problems
     if inputs.events:
