@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -17,12 +18,12 @@ def render() -> dict[str, str]:
     c = queries.thresholds()
     header = rules.HEADER
 
-    def dump(d: dict) -> str:
+    def dump(d: dict[str, Any]) -> str:
         return header + yaml.safe_dump(d, sort_keys=False, width=200, allow_unicode=True)
 
     boards = {name.removeprefix("dashboards/"): text for name, text in dashboards.render().items()}
 
-    def dump_all(docs: list[dict]) -> str:
+    def dump_all(docs: list[dict[str, Any]]) -> str:
         return header + yaml.safe_dump_all(docs, sort_keys=False, width=200, allow_unicode=True)
 
     return {

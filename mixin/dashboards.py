@@ -350,7 +350,12 @@ def color(name: str, c: str) -> dict[str, Any]:
 
 
 def dashboard(
-    uid: str, title: str, description: str, layout: Layout, links: list[str], annotations: list | None = None
+    uid: str,
+    title: str,
+    description: str,
+    layout: Layout,
+    links: list[str],
+    annotations: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "uid": uid,

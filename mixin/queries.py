@@ -28,7 +28,8 @@ UNPARSED = 'result=~"unrecognized|unreadable"'  # lines the exporter could not r
 
 
 def thresholds() -> dict[str, Any]:
-    return yaml.safe_load(THRESHOLDS_PATH.read_text())
+    thresholds: dict[str, Any] = yaml.safe_load(THRESHOLDS_PATH.read_text())
+    return thresholds
 
 
 def _sel(selector: str, matchers: str) -> str:

@@ -152,7 +152,9 @@ def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def alert(name: str, exp: str, for_: str, severity: str, summary: str, description: str, c: dict) -> dict:
+def alert(
+    name: str, exp: str, for_: str, severity: str, summary: str, description: str, c: dict[str, Any]
+) -> dict[str, Any]:
     return {
         "alert": name,
         "expr": expr(exp),
@@ -166,7 +168,7 @@ def alert(name: str, exp: str, for_: str, severity: str, summary: str, descripti
     }
 
 
-def latency_objective_alerts(c: dict[str, Any]) -> list[dict]:
+def latency_objective_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
     s, lo = c["selector"], c["latency_objectives"]
     out = []
     for o in q.OBJECTIVES:
@@ -217,7 +219,7 @@ job_instance_model:{o.histogram}_count:increase{p["long"]} >= {p["min_requests"]
     return out
 
 
-def serving_alerts(c: dict[str, Any]) -> list[dict]:
+def serving_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
     s, rq, er, tr = c["selector"], c["requests_queueing"], c["request_errors"], c["requests_truncated"]
     deferred = f"llamacpp_server_requests_deferred{{{s}}}"
     recent_queue = q.mean(q.QUEUE, s, by_model(c), rq["recent"])

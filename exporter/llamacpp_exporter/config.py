@@ -387,7 +387,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 
-def settings() -> list[tuple[str, dataclasses.Field]]:
+def settings() -> list[tuple[str, dataclasses.Field[Any]]]:
     """Every setting as (section, field), in declaration order."""
     return [
         (sec.name, f)
@@ -424,7 +424,7 @@ def flag_values(args: argparse.Namespace, prefix: str, cls: Any) -> dict[str, An
     return out
 
 
-def check(obj: Any, name: Callable[[dataclasses.Field], str]) -> None:
+def check(obj: Any, name: Callable[[dataclasses.Field[Any]], str]) -> None:
     """The declared bounds and choices of every setting of a settings dataclass instance:
     finite and within what makes sense (inf or nan would stop a thread, 1e-9 would spin it).
     ``name`` names a setting in the error (its key, or its flag). Every mistake is reported."""
@@ -457,12 +457,12 @@ def _bucket_mistakes(key: str, bounds: tuple[float, ...]) -> list[str]:
     return []
 
 
-def describe(f: dataclasses.Field) -> str:
+def describe(f: dataclasses.Field[Any]) -> str:
     """The help text of a setting, with its default."""
     m = f.metadata
     shown = m["default_text"] if m["default_text"] is not None else f.default
     if shown is None or shown is False:
-        return m["help"]
+        return str(m["help"])
     return f"{m['help']} (default {shown})"
 
 
@@ -578,7 +578,7 @@ def validate(cfg: Config) -> Config:
             mistakes.add(e)
     for sec in dataclasses.fields(cfg):
 
-        def key(f: dataclasses.Field, section: str = sec.name) -> str:
+        def key(f: dataclasses.Field[Any], section: str = sec.name) -> str:
             return f"{section}.{f.name}"
 
         try:

@@ -149,7 +149,7 @@ class RequestRecord:
     start_us: int | None = None
     end_us: int | None = None
 
-    def to_event(self) -> dict:
+    def to_event(self) -> dict[str, Any]:
         """The events-file line."""
         return asdict(self)
 
@@ -179,7 +179,7 @@ class ConversationProof:
     conversation: str
     source: JoinSource  # header or lineage: what the log proved
 
-    def to_event(self) -> dict:
+    def to_event(self) -> dict[str, Any]:
         """The events-file line."""
         return {
             "proof": "conversation",

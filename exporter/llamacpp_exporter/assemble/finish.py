@@ -9,7 +9,7 @@ frozen RequestRecord. What could not be proven by then stays unknown, never gues
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Final
 
@@ -152,7 +152,7 @@ class Finisher:
             self._finish(d)
         self.next_deadline = 1 << 62
 
-    def _overlapping(self, d: TaskDraft):
+    def _overlapping(self, d: TaskDraft) -> Iterable[tuple[int, int, int]]:
         """(task, from, to) for every other slot's prefill during this task's decoding."""
         start, end = d.decode_start_us, d.decode_end_us
         if start is None or end is None or not d.decode_seconds:

@@ -110,7 +110,7 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 HEADER: Final = "header"  # the request carried this conversation id
 NONE: Final = "none"  # the request carried no id (cache lineage decides)
@@ -161,7 +161,7 @@ class _World:
     sent_back: list[_Deferred]  # sent back to the front by a release, the last one first
     removed: int = 0  # deferred request tasks a cancel line took out
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[Any, ...]:
         return (
             tuple((d.last_owner, d.pinned, d.first_burst) for d in self.queue),
             tuple((d.last_owner, d.pinned, d.first_burst) for d in self.sent_back),
@@ -207,7 +207,7 @@ class DeferredQueue:
         return all(not w.queue and not w.sent_back for w in self.worlds)
 
     def _set(self, worlds: list[_World]) -> None:
-        unique: dict[tuple, _World] = {}
+        unique: dict[tuple[Any, ...], _World] = {}
         for w in worlds:
             unique.setdefault(w.key(), w)
         if not unique:  # no world explains the lines: keep what is certain only

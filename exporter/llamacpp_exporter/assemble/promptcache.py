@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from .. import parse as p
 from ..records import selection_path
@@ -185,7 +185,7 @@ class PromptCacheLog:
     def obsolete_removed(self, ev: p.ObsoleteEntryRemoved) -> None:
         self.mirror.obsolete_removed(ev.n_tokens)
 
-    def handlers(self) -> dict[type, Callable]:
+    def handlers(self) -> dict[type, Callable[[Any], None]]:
         return {
             p.CacheUpdateStarted: self.update_started,
             p.PromptSaved: self.prompt_saved,

@@ -31,10 +31,10 @@ BUCKET_SECONDS: Final = 60
 
 @dataclass(slots=True)
 class _Conversation:
-    buckets: deque = field(default_factory=deque)  # [minute, prefill_s, cost_s, wasted, requests]
+    buckets: deque[list[Any]] = field(default_factory=deque)  # [minute, prefill_s, cost_s, wasted, requests]
     # the sums of the buckets still in the window (prefill_s, cost_s, wasted, requests): a
     # scrape reads them instead of summing every bucket of every conversation
-    totals: list = field(default_factory=lambda: [0.0, 0.0, 0, 0])
+    totals: list[Any] = field(default_factory=lambda: [0.0, 0.0, 0, 0])
     slot: int | None = None
     prompt_tokens: int | None = None
     reused_tokens: int | None = None
@@ -42,7 +42,7 @@ class _Conversation:
     last_seen: float = 0.0
 
 
-def _bucket(conv: _Conversation, now: float) -> list:
+def _bucket(conv: _Conversation, now: float) -> list[Any]:
     minute = int(now // BUCKET_SECONDS)
     if not conv.buckets or conv.buckets[-1][0] != minute:
         conv.buckets.append([minute, 0.0, 0.0, 0, 0])
@@ -63,8 +63,8 @@ class ConversationCosts:
         self.clock = clock
         self._lock = threading.Lock()
         self._convs: OrderedDict[str, _Conversation] = OrderedDict()  # least recently seen first
-        self._all: deque = deque()  # the tracked conversations' buckets summed per minute
-        self._tpot: dict[str, deque] = {"prefill": deque(), "none": deque()}  # [minute, sum_s, n]
+        self._all: deque[list[Any]] = deque()  # the tracked conversations' buckets summed per minute
+        self._tpot: dict[str, deque[list[Any]]] = {"prefill": deque(), "none": deque()}  # [minute, sum_s, n]
 
     # ------------------------------------------------------------ updates (pipeline thread)
     def _conv(self, name: str, now: float) -> _Conversation:
@@ -133,7 +133,7 @@ class ConversationCosts:
     def _oldest(self, now: float) -> int:
         return int((now - self.window) // BUCKET_SECONDS)
 
-    def _expire(self, buckets: deque, now: float) -> None:
+    def _expire(self, buckets: deque[list[Any]], now: float) -> None:
         oldest = self._oldest(now)
         while buckets and buckets[0][0] < oldest:
             buckets.popleft()

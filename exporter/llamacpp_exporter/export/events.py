@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import time
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -54,7 +55,7 @@ class EventsFile:
     def write(self, rec: RequestRecord) -> None:
         self._append(rec.to_event(), counted=True)
 
-    def _append(self, obj: dict, counted: bool) -> None:
+    def _append(self, obj: dict[str, Any], counted: bool) -> None:
         data = (json.dumps(obj, separators=(",", ":")) + "\n").encode()
         if self.stream:
             self._append_to_stream(data, counted)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import gzip
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -140,16 +140,16 @@ class ExpositionRegistry(CollectorRegistry):
         return b"".join(parts)
 
 
-def make_metrics_app(registry: CollectorRegistry) -> Callable:
+def make_metrics_app(registry: CollectorRegistry) -> Callable[[dict[str, Any], Callable[..., Any]], list[bytes]]:
     """The /metrics WSGI app: prometheus_client's, but for the body of a plain GET, which an
     ExpositionRegistry renders from what it kept (a ?name[]= selection goes to the library)."""
     library_app = make_wsgi_app(registry)
     if not isinstance(registry, ExpositionRegistry):
         return library_app
 
-    def metrics_app(environ: dict[str, Any], start_response: Callable) -> list[bytes]:
+    def metrics_app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
         if environ.get("REQUEST_METHOD") != "GET" or "name[]" in parse_qs(environ.get("QUERY_STRING", "")):
-            return library_app(environ, start_response)
+            return cast(list[bytes], library_app(environ, start_response))
         content_type, encoder = negotiate(environ.get("HTTP_ACCEPT"))
         body = registry.render((content_type, encoder))
         headers = [("Content-Type", content_type)]

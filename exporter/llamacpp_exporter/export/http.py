@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import ServerHandler, WSGIRequestHandler, WSGIServer
 
 from prometheus_client import CollectorRegistry
@@ -33,6 +33,9 @@ from ..config import Config
 from .conversations import ConversationCosts
 from .exposition import make_metrics_app
 from .web_config import WebConfigFile
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -456,18 +459,18 @@ def make_app(
     web: WebConfigFile | None = None,
     answering: Answering | None = None,
     polled: Callable[[], str] | None = None,
-):
+) -> WSGIApplication:
     metrics_app = make_metrics_app(registry)
     answering = answering or Answering()
     page = landing_page(cfg)
     telemetry = cfg.web.telemetry_path
 
-    def app(environ, start_response):
+    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         security = web.current() if web is not None else None
         if security is not None and security.headers:
             respond = start_response
 
-            def start_response(status, headers, exc_info=None):
+            def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
                 return respond(status, [*headers, *security.headers], exc_info)
 
         if security is not None and not security.authorized(environ.get("HTTP_AUTHORIZATION")):

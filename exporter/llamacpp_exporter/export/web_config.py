@@ -213,8 +213,8 @@ class WebConfigFile:
         if registry is not None:
             registry.register(_ReloadCollector(self))
 
-    def _stat(self) -> tuple:
-        out: list[tuple] = []
+    def _stat(self) -> tuple[tuple[str, int, int, int] | tuple[str, None], ...]:
+        out: list[tuple[str, int, int, int] | tuple[str, None]] = []
         for f in (self.path, *self._security.files):
             try:
                 st = os.stat(f)

@@ -38,7 +38,8 @@ def fetch(url: str, timeout: float, client: httpx.Client | None = None) -> dict[
     if r.status_code == 401:
         raise httpx.HTTPError("401 Unauthorized: the exporter wants basic auth (--username, --password-file)")
     r.raise_for_status()
-    return r.json()
+    answer: dict[str, Any] = r.json()
+    return answer
 
 
 def client(args: argparse.Namespace) -> httpx.Client:

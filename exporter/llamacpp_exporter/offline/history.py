@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -43,7 +43,7 @@ class History:
         self.points: list[tuple[int, int]] = []  # (server run, log time in us) of each sample
         self.families: dict[str, tuple[str, str, str]] = {}  # name -> (type, help, unit)
         self.series: dict[tuple[str, str, tuple[tuple[str, str], ...]], int] = {}
-        self.values: list[array] = []
+        self.values: list[array[float]] = []
         self._epoch: int | None = None
         self._next_us = 0
 
@@ -140,7 +140,7 @@ class _One(Collector):
     def __init__(self, metric: Metric) -> None:
         self.metric = metric
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         yield self.metric
 
 
@@ -148,5 +148,5 @@ def _header(name: str, typ: str, doc: str, unit: str) -> str:
     """# HELP, # TYPE (and # UNIT) of a family, as prometheus_client writes them."""
     reg = CollectorRegistry(auto_describe=False)
     reg.register(_One(Metric(name, doc, typ, unit)))
-    text = openmetrics_latest(reg).decode()
+    text: str = openmetrics_latest(reg).decode()
     return text[: -len("# EOF\n")] if text.endswith("# EOF\n") else text

@@ -26,12 +26,14 @@ def time_axis(dated: list[tuple[float | None, RequestRecord]]) -> tuple[list[Any
     return list(range(len(dated))), "request, in log order"
 
 
-def miss_rate_bins(xs: list[Any], records: list[RequestRecord], bins: int | None = None) -> dict[str, list[tuple]]:
+def miss_rate_bins(
+    xs: list[Any], records: list[RequestRecord], bins: int | None = None
+) -> dict[str, list[tuple[Any, ...]]]:
     """For each LoRA state: (x of the bin's first request, misses, requests with an outcome)
     over equal shares of the x range (about ten requests a bin, at most BINS). Only bins with
     requests."""
     points = [(x, r) for x, r in zip(xs, records, strict=True) if r.outcome is not None]
-    out: dict[str, list[tuple]] = {lo: [] for lo in LORA_STATES}
+    out: dict[str, list[tuple[Any, ...]]] = {lo: [] for lo in LORA_STATES}
     if not points:
         return out
     if bins is None:
@@ -46,7 +48,7 @@ def miss_rate_bins(xs: list[Any], records: list[RequestRecord], bins: int | None
         frac = (x - lo_x) / span
         return min(bins - 1, int(frac * bins))
 
-    acc: dict[tuple[str, int], list] = {}
+    acc: dict[tuple[str, int], list[Any]] = {}
     for x, r in points:
         key = (r.lora, index(x))
         a = acc.setdefault(key, [x, 0, 0])

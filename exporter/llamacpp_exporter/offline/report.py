@@ -81,8 +81,8 @@ class _MissTable:
     """Miss rate by selection path and LoRA state over the records with a cache outcome."""
 
     def __init__(self) -> None:
-        self.num: Counter = Counter()
-        self.den: Counter = Counter()
+        self.num: Counter[Any] = Counter()
+        self.den: Counter[Any] = Counter()
 
     def add(self, r: RequestRecord) -> None:
         if r.outcome is None:
@@ -112,7 +112,7 @@ class _CouldHaveHit:
     def __init__(self, gap_seconds: float, keep: bool = False) -> None:
         self.gap_us = gap_seconds * 1_000_000
         self.previous: dict[str, RequestRecord] = {}  # conversation -> its previous request
-        self.excluded: Counter = Counter()
+        self.excluded: Counter[Any] = Counter()
         self.table = _MissTable()
         self.considered = 0
         self.kept: list[RequestRecord] | None = [] if keep else None
@@ -286,14 +286,14 @@ class ReportBuilder:
         self.models: set[str] = set()
         self.epochs: set[int] = set()
         self.known = self.prompt_tokens = self.reused_tokens = 0
-        self.by_lora: Counter = Counter()
-        self.by_path: Counter = Counter()
-        self.by_model: Counter = Counter()
+        self.by_lora: Counter[Any] = Counter()
+        self.by_path: Counter[Any] = Counter()
+        self.by_model: Counter[Any] = Counter()
         self.miss_table = _MissTable()
         self.causes: dict[str, dict[str, int]] = {lo: {c: 0 for c in MISS_CAUSES} for lo in RATE_LORA}
         self.restores: dict[str, dict[str, int]] = {lo: {res: 0 for res in RESTORE_RESULTS} for lo in RATE_LORA}
         self.large_unknown = self.large = self.takeovers = 0
-        self.mismatch: Counter = Counter()
+        self.mismatch: Counter[Any] = Counter()
         self._last_takeover: tuple[int, int] | None = None  # (epoch, start_us) of the previous one
         self.conversations: dict[str, dict[str, Any]] = {}  # for an events file alone: what each computed
         self.chh = _CouldHaveHit(gap_seconds)
@@ -373,7 +373,7 @@ class ReportBuilder:
             self._last_takeover = (r.epoch, r.start_us)
 
     def result(
-        self, conversations: list[dict] | None = None, top: int = 10, sources: dict[str, Any] | None = None
+        self, conversations: list[dict[str, Any]] | None = None, top: int = 10, sources: dict[str, Any] | None = None
     ) -> dict[str, Any]:
         unknowns = self._unknowns(sources)
         excluded = {k: self.chh.excluded[k] for k in EXCLUSIONS}
@@ -481,7 +481,7 @@ class ReportBuilder:
             )
         return unknowns
 
-    def _top(self, conversations: list[dict] | None, top: int) -> dict[str, Any]:
+    def _top(self, conversations: list[dict[str, Any]] | None, top: int) -> dict[str, Any]:
         if conversations is not None:  # the pipeline's own costs: read from the log
             return {"by": "cost_to_others_seconds", "rows": conversations[:top]}
         ranked = sorted(self.conversations.values(), key=lambda x: (-x["prefill_seconds"], x["conversation"]))
@@ -497,7 +497,7 @@ def build(
     *,
     gap_seconds: float = 1800.0,
     large_prefill_tokens: int = 1024,
-    conversations: list[dict] | None = None,
+    conversations: list[dict[str, Any]] | None = None,
     top: int = 10,
     sources: dict[str, Any] | None = None,
     history: list[RequestRecord] | None = None,

@@ -18,7 +18,7 @@ import sqlite3
 import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
-from typing import cast
+from typing import Any, cast
 
 from ..records import ConversationProof, JoinSource, RequestRecord
 
@@ -73,9 +73,9 @@ class RecordStore:
             f"PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF; PRAGMA cache_size=-{CACHE_KIB}; "
             "PRAGMA temp_store=FILE;" + _SCHEMA
         )
-        self._pending: list[tuple] = []
-        self._pending_events: list[tuple] = []
-        self._pending_proofs: list[tuple[str, tuple]] = []
+        self._pending: list[tuple[Any, ...]] = []
+        self._pending_events: list[tuple[Any, ...]] = []
+        self._pending_proofs: list[tuple[str, tuple[Any, ...]]] = []
         self._events = 0
         self.count = 0
         self.matched_to_events = 0

@@ -160,7 +160,7 @@ def follow_command(
         guard.restarted()
 
 
-def _kill_on_stop(proc: subprocess.Popen, stop: threading.Event) -> None:
+def _kill_on_stop(proc: subprocess.Popen[bytes], stop: threading.Event) -> None:
     while proc.poll() is None:
         if stop.wait(0.5):
             try:
