@@ -285,16 +285,10 @@ and
     ]
 
 
-def alerting_rules(c: dict[str, Any]) -> dict[str, Any]:
+def cache_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """The RAM prompt cache: misses, the LoRA restore bug, wrong-LoRA reuse, thrashing."""
     s = c["selector"]
-    m, wd, mm, pc, th = (
-        c["ram_miss_rate"],
-        c["wrongful_lora_discard"],
-        c["lora_mismatch_reuse"],
-        c["prefill_contention"],
-        c["cache_thrashing"],
-    )
-    ls, pd = c["log_stale"], c["log_parse_drift"]
+    m, wd, mm, th = c["ram_miss_rate"], c["wrongful_lora_discard"], c["lora_mismatch_reuse"], c["cache_thrashing"]
     cache = [
         alert(
             "LlamaCppRamCacheMissRateHigh",
@@ -363,6 +357,12 @@ and
             c,
         ),
     ]
+    return cache
+
+
+def latency_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """What users feel: generation slowed by prefills, the latency objectives, queueing, errors."""
+    pc = c["prefill_contention"]
     latency = [
         alert(
             "LlamaCppPrefillContention",
@@ -390,6 +390,12 @@ job_instance_model_contention:llamacpp_time_per_output_token_seconds_count:incre
     ]
     latency += latency_objective_alerts(c)
     latency += serving_alerts(c)
+    return latency
+
+
+def availability_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """Whether llama-server and the exporter are there."""
+    s = c["selector"]
     sd, sl, ed, ea = c["server_down"], c["server_loading"], c["exporter_down"], c["exporter_absent"]
     cl, sf, ef, tl = c["server_crash_loop"], c["server_flapping"], c["exporter_flapping"], c["exporter_target_lost"]
     ef = {**ef, "severity": ed["severity"]}
@@ -488,6 +494,13 @@ up{{{s}}}
             c,
         ),
     ]
+    return availability
+
+
+def exporter_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
+    """Whether the exporter sees what it should: the log, its parts, its files."""
+    s = c["selector"]
+    ls, pd = c["log_stale"], c["log_parse_drift"]
     exporter = [
         alert(
             "LlamaCppLogStale",
@@ -601,11 +614,15 @@ llamacpp_up{{{s}, endpoint="health"}} == 1
             c,
         ),
     ]
+    return exporter
+
+
+def alerting_rules(c: dict[str, Any]) -> dict[str, Any]:
     return {
         "groups": [
-            {"name": "llamacpp.prompt-cache", "rules": cache},
-            {"name": "llamacpp.latency", "rules": latency},
-            {"name": "llamacpp.availability", "rules": availability},
-            {"name": "llamacpp.exporter", "rules": exporter},
+            {"name": "llamacpp.prompt-cache", "rules": cache_alerts(c)},
+            {"name": "llamacpp.latency", "rules": latency_alerts(c)},
+            {"name": "llamacpp.availability", "rules": availability_alerts(c)},
+            {"name": "llamacpp.exporter", "rules": exporter_alerts(c)},
         ]
     }
