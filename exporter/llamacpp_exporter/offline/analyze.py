@@ -36,6 +36,7 @@ from ..pipeline import Pipeline
 from ..records import ConversationProof, RecordKey, RequestRecord, record_from_event
 from . import plots, report
 from .history import History
+from .report_types import Report, Unknown
 from .store import RecordStore, StoredValues, write_jsonl
 
 log = logging.getLogger("llamacpp_exporter.offline.analyze")
@@ -352,7 +353,7 @@ def within(
 
 def streamed_report(
     result: Analysis, opts: Options, settings: AssemblySettings, since: float | None, until: float | None
-) -> dict[str, Any]:
+) -> Report:
     """The report of the requests started in [since, until), read from the store one record at
     a time: counted in the order they were made, followed in start order (the whole history: a
     conversation may begin before the window), percentiles sorted by SQLite."""
@@ -385,7 +386,7 @@ def streamed_report(
     return rep
 
 
-def undated_unknown(undated: int) -> dict[str, Any]:
+def undated_unknown(undated: int) -> Unknown:
     """The report's unknown entry for the records a time window had to leave out."""
     return {
         "what": "time",
@@ -615,7 +616,7 @@ def _outputs(
             note += f"; {w.samples_out_of_order} samples dropped where runs' times overlapped"
         print(note, file=sys.stderr)
 
-    def build(result: Analysis, since: float | None, until: float | None) -> dict[str, Any]:
+    def build(result: Analysis, since: float | None, until: float | None) -> Report:
         return streamed_report(result, opts, settings, since, until)
 
     if args.compare_at is not None or args.compare_with:

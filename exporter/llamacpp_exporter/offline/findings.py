@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .report_types import CacheSizeCurve, Finding, Rate, Report
+
 SEVERITIES = ("critical", "warning", "info", "small_sample")
 
 
@@ -39,13 +41,13 @@ class Thresholds:
 THRESHOLDS = Thresholds()
 
 
-def _pct(r: dict[str, Any]) -> str:
+def _pct(r: Rate) -> str:
     if not r["denominator"]:
         return "-"
-    return f"{100 * r['ratio']:.0f}% ({r['numerator']}/{r['denominator']})"
+    return f"{100 * (r['ratio'] or 0.0):.0f}% ({r['numerator']}/{r['denominator']})"
 
 
-def _ram_path_misses(ram: dict[str, Any]) -> str:
+def _ram_path_misses(ram: dict[str, Rate]) -> str:
     """The sentence on the RAM path's misses by LoRA state, of the states that had requests."""
     known = [
         f"{who} missed {_pct(ram[state])}"
@@ -55,11 +57,11 @@ def _ram_path_misses(ram: dict[str, Any]) -> str:
     return f" Among the requests that could have hit on the RAM path, {' and '.join(known)}." if known else ""
 
 
-def _finding(name: str, severity: str, summary: str, evidence: dict[str, Any], action: str) -> dict[str, Any]:
+def _finding(name: str, severity: str, summary: str, evidence: dict[str, Any], action: str) -> Finding:
     return {"finding": name, "severity": severity, "summary": summary, "evidence": evidence, "action": action}
 
 
-def _lora_restore(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def _lora_restore(rep: Report, t: Thresholds) -> list[Finding]:
     restores = rep["restores"]["all"]
     wrongful = restores.get("discarded_lora_wrongful", 0)
     if not wrongful:
@@ -101,7 +103,7 @@ def _lora_restore(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     ]
 
 
-def _lora_mismatch(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def _lora_mismatch(rep: Report, t: Thresholds) -> list[Finding]:
     n = sum(rep.get("lora_mismatch_reuse", {}).values())
     if n < t.lora_mismatch_reuse:
         return []
@@ -118,7 +120,7 @@ def _lora_mismatch(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     ]
 
 
-def _capacity(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def _capacity(rep: Report, t: Thresholds) -> list[Finding]:
     causes = rep["miss_causes"]["all"]
     misses = sum(causes.values())
     evicted = causes.get("evicted", 0)
@@ -163,7 +165,7 @@ def _capacity(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     return []
 
 
-def _larger_cache(cc: dict[str, Any] | None, t: Thresholds, evidence: dict[str, Any]) -> tuple[str, str]:
+def _larger_cache(cc: CacheSizeCurve | None, t: Thresholds, evidence: dict[str, Any]) -> tuple[str, str]:
     """What the cache-size curve adds to cache_too_small: the sentence, and the action."""
     default = (
         "",
@@ -196,14 +198,17 @@ def _larger_cache(cc: dict[str, Any] | None, t: Thresholds, evidence: dict[str, 
     )
 
 
-def _takeovers(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def _takeovers(rep: Report, t: Thresholds) -> list[Finding]:
     n = rep["small_task_takeovers"]
     if not n:
         return []
     sizes = rep.get("small_task_takeover_details", {})
-    prompt = sizes.get("prompt_tokens", {}).get("p50")
-    held = sizes.get("slot_tokens_before", {}).get("p50")
-    every = sizes.get("interval_seconds", {}).get("p50")
+
+    def p50(group: str) -> float | None:
+        p = sizes.get(group)
+        return None if p is None else p.get("p50")
+
+    prompt, held, every = p50("prompt_tokens"), p50("slot_tokens_before"), p50("interval_seconds")
     evidence = {
         "takeovers": n,
         "prompt_tokens_p50": prompt,
@@ -236,7 +241,7 @@ def _takeovers(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     ]
 
 
-def _contention(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def _contention(rep: Report, t: Thresholds) -> list[Finding]:
     tp = rep["time_per_output_token_seconds"]
     large = tp["while_a_large_prefill_ran"]
     # a long prefill is what slows everyone: judged on those where there were enough of them
@@ -249,7 +254,7 @@ def _contention(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     calm = tp["no_concurrent_prefill"]
     if not busy["count"] or not calm["count"] or not calm["p50"]:
         return []
-    slowdown = busy["p50"] / calm["p50"]
+    slowdown = (busy["p50"] or 0.0) / calm["p50"]  # counted: neither is None
     rows = rep["top_conversations"]["rows"] if rep["top_conversations"]["by"] == "cost_to_others_seconds" else []
     costly = [r for r in rows if (r.get("cost_to_others_seconds") or 0) > 0][:3]
     evidence = {
@@ -294,7 +299,7 @@ def _contention(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     ]
 
 
-def _diagnostics(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
+def _diagnostics(rep: Report, t: Thresholds) -> list[Finding]:
     out = []
     for u in rep["unknown"]:
         if u["what"].startswith("RAM-cache diagnostics"):
@@ -328,7 +333,7 @@ def _diagnostics(rep: dict[str, Any], t: Thresholds) -> list[dict[str, Any]]:
     return out
 
 
-def findings(rep: dict[str, Any], t: Thresholds = THRESHOLDS) -> list[dict[str, Any]]:
+def findings(rep: Report, t: Thresholds = THRESHOLDS) -> list[Finding]:
     """Every finding of the report, the most severe first."""
     out = [
         *_lora_restore(rep, t),

@@ -14,7 +14,7 @@ import io
 import textwrap
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, cast
 
 from ..assemble.promptcache import MIB
 from ..records import (
@@ -29,7 +29,21 @@ from ..records import (
     kept_by_larger_cache,
 )
 from .findings import findings
+from .report_types import (
+    CacheSizeCurve,
+    MissTable,
+    Percentiles,
+    Rate,
+    Report,
+    TopConversations,
+    Unknown,
+)
 
+PercentileKey = Literal["count", "p50", "p90", "p99", "max"]
+PERCENTILE_KEYS: tuple[PercentileKey, ...] = ("count", "p50", "p90", "p99", "max")
+CurveKey = Literal[
+    "evicted_misses", "prefill_seconds", "size_unknown", "no_byte_limit", "with_checkpoints", "limit_mib"
+]
 SMALL_SAMPLE = 30  # a rate over fewer requests than this is flagged
 RATE_PATHS = ("ram", "slot", "pinned", "unknown", "all")
 RATE_LORA = (*LORA_STATES, "all")
@@ -50,7 +64,7 @@ EXCLUSION_TEXT = {
 }
 
 
-def rate(num: int, den: int) -> dict[str, Any]:
+def rate(num: int, den: int) -> Rate:
     return {
         "numerator": num,
         "denominator": den,
@@ -59,7 +73,7 @@ def rate(num: int, den: int) -> dict[str, Any]:
     }
 
 
-def percentiles(values: list[float]) -> dict[str, Any]:
+def percentiles(values: list[float]) -> Percentiles:
     if not values:
         return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None, "small_sample": True}
     vs = sorted(values)
@@ -92,11 +106,11 @@ class _MissTable:
                 self.den[path, lora] += 1
                 self.num[path, lora] += r.outcome == "miss"
 
-    def result(self) -> dict[str, dict[str, dict[str, Any]]]:
+    def result(self) -> MissTable:
         return {p: {lo: rate(self.num[p, lo], self.den[p, lo]) for lo in RATE_LORA} for p in RATE_PATHS}
 
 
-def _miss_table(records: Iterable[RequestRecord]) -> dict[str, dict[str, dict[str, Any]]]:
+def _miss_table(records: Iterable[RequestRecord]) -> MissTable:
     table = _MissTable()
     for r in records:
         table.add(r)
@@ -212,7 +226,7 @@ class _CacheSizeCurve:
                 self.avoided[f] += 1
                 self.seconds[f] += avoidable_prefill_seconds(r)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> CacheSizeCurve:
         limit = next(iter(self.limits)) if len(self.limits) == 1 else None
         return {
             "evicted_misses": self.evicted,
@@ -254,7 +268,7 @@ class Values(Protocol):
     def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, float]]: ...
 
 
-def _percentiles(values: Values, group: str) -> dict[str, Any]:
+def _percentiles(values: Values, group: str) -> Percentiles:
     """As percentiles() of the group's values: the value at rank int(p * n) of the n sorted."""
     n, _ = values.ranked(group, ())
     if not n:
@@ -374,11 +388,11 @@ class ReportBuilder:
 
     def result(
         self, conversations: list[dict[str, Any]] | None = None, top: int = 10, sources: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+    ) -> Report:
         unknowns = self._unknowns(sources)
         excluded = {k: self.chh.excluded[k] for k in EXCLUSIONS}
         models = sorted(self.models)
-        rep: dict[str, Any] = {
+        rep: Report = {
             "sources": sources or {},
             "findings": [],
             "requests": {
@@ -426,8 +440,8 @@ class ReportBuilder:
         rep["findings"] = findings(rep)
         return rep
 
-    def _unknowns(self, sources: dict[str, Any] | None) -> list[dict[str, Any]]:
-        unknowns = []
+    def _unknowns(self, sources: dict[str, Any] | None) -> list[Unknown]:
+        unknowns: list[Unknown] = []
         if not self.total:
             src = sources or {}
             unknowns.append(
@@ -481,7 +495,7 @@ class ReportBuilder:
             )
         return unknowns
 
-    def _top(self, conversations: list[dict[str, Any]] | None, top: int) -> dict[str, Any]:
+    def _top(self, conversations: list[dict[str, Any]] | None, top: int) -> TopConversations:
         if conversations is not None:  # the pipeline's own costs: read from the log
             return {"by": "cost_to_others_seconds", "rows": conversations[:top]}
         ranked = sorted(self.conversations.values(), key=lambda x: (-x["prefill_seconds"], x["conversation"]))
@@ -501,7 +515,7 @@ def build(
     top: int = 10,
     sources: dict[str, Any] | None = None,
     history: list[RequestRecord] | None = None,
-) -> dict[str, Any]:
+) -> Report:
     """The whole report from the records in memory (and, when the log was read, the pipeline's
     conversation costs). history: all the records, when `records` is a time window of them (a
     conversation may begin before it); analyze streams them from its store instead."""
@@ -515,10 +529,10 @@ def build(
 
 
 # ------------------------------------------------------------------ renderings
-def fmt_rate(r: dict[str, Any]) -> str:
+def fmt_rate(r: Rate) -> str:
     if not r["denominator"]:
         return "-"
-    s = f"{100 * r['ratio']:.0f}% ({r['numerator']}/{r['denominator']})"
+    s = f"{100 * (r['ratio'] or 0.0):.0f}% ({r['numerator']}/{r['denominator']})"
     return s + " *" if r["small_sample"] else s
 
 
@@ -526,7 +540,7 @@ def _secs(v: float | None) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], str]]:
+def _tables(rep: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
     """(title, header, rows, note) for every section: the text and Markdown forms share them."""
     rq = rep["requests"]
     out = []
@@ -602,7 +616,7 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
     if cc is not None:
         out.append(_curve_table(cc))
 
-    def pct_row(name: str, p: dict[str, Any]) -> list[str]:
+    def pct_row(name: str, p: Percentiles) -> list[str]:
         return [name, str(p["count"]), *(_secs(p[k]) for k in ("p50", "p90", "p99", "max"))]
 
     out.append(
@@ -653,7 +667,7 @@ def _tables(rep: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]], 
     return out
 
 
-def _curve_table(cc: dict[str, Any]) -> tuple[str, list[str], list[list[str]], str]:
+def _curve_table(cc: CacheSizeCurve) -> tuple[str, list[str], list[list[str]], str]:
     limit = cc["limit_mib"]
     rows = [
         [
@@ -699,7 +713,7 @@ def cell(v: Any, decimals: int = 3) -> str:
     return str(v)
 
 
-def _unknown_lines(rep: dict[str, Any]) -> list[str]:
+def _unknown_lines(rep: Report) -> list[str]:
     return [
         f"unknown: {u['what']} for {u['requests']} requests: {u['why']}" if u["requests"] else f"note: {u['why']}"
         for u in rep["unknown"]
@@ -708,7 +722,7 @@ def _unknown_lines(rep: dict[str, Any]) -> list[str]:
 
 def _evidence(value: Any) -> str:
     if isinstance(value, dict) and "denominator" in value:
-        return fmt_rate(value)
+        return fmt_rate(cast(Rate, value))
     if isinstance(value, float):
         return f"{value:.3f}"
     if isinstance(value, list):
@@ -718,7 +732,7 @@ def _evidence(value: Any) -> str:
     return "-" if value is None else str(value)
 
 
-def finding_lines(rep: dict[str, Any]) -> list[str]:
+def finding_lines(rep: Report) -> list[str]:
     """The findings in words: each with its evidence and what to do."""
     out = []
     for f in rep.get("findings", []):
@@ -730,7 +744,7 @@ def finding_lines(rep: dict[str, Any]) -> list[str]:
     return out or ["none: no finding passed its threshold"]
 
 
-def to_text(rep: dict[str, Any]) -> str:
+def to_text(rep: Report) -> str:
     lines = ["Findings", "========"]
     for line in finding_lines(rep):  # wrapped: a finding is a paragraph
         indent = "    " if line.startswith("  ") else "  "
@@ -749,7 +763,7 @@ def to_text(rep: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def to_markdown(rep: dict[str, Any]) -> str:
+def to_markdown(rep: Report) -> str:
     lines = ["### Findings\n"]
     for line in finding_lines(rep):
         lines.append(f"  - {line.strip()}" if line.startswith("  ") else f"- {line}")
@@ -767,7 +781,7 @@ def to_markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
+def csv_rows(rep: Report) -> Iterable[list[Any]]:
     """section, path, lora, name, numerator, denominator, value: one row per figure."""
     yield ["section", "path", "lora", "name", "numerator", "denominator", "value"]
     for f in rep.get("findings", []):
@@ -788,7 +802,7 @@ def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
         for res, v in rep["restores"][lo].items():
             yield ["restores", "", lo, res, "", "", v]
     for p in RATE_PATHS:
-        for k in ("count", "p50", "p90", "p99", "max"):
+        for k in PERCENTILE_KEYS:
             yield ["prefill_seconds", p, "", k, "", "", rep["prefill_seconds"][p][k]]
     for name, pc in rep["time_per_output_token_seconds"].items():
         if not isinstance(pc, dict):
@@ -798,14 +812,15 @@ def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
             yield ["time_per_output_token_seconds", "", "", f"{name}_{k}", "", "", pc[k]]
     cc = rep.get("cache_size_curve")
     if cc is not None:
-        for k in (
+        curve_keys: tuple[CurveKey, ...] = (
             "evicted_misses",
             "prefill_seconds",
             "size_unknown",
             "no_byte_limit",
             "with_checkpoints",
             "limit_mib",
-        ):
+        )
+        for k in curve_keys:
             yield ["cache_size_curve", "", "", k, "", "", cc[k]]
         for pt in cc["points"]:
             name = f"{pt['factor']:g}x"
@@ -816,7 +831,7 @@ def csv_rows(rep: dict[str, Any]) -> Iterable[list[Any]]:
         yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
 
 
-def to_csv(rep: dict[str, Any], set_name: str | None = None, header: bool = True) -> str:
+def to_csv(rep: Report, set_name: str | None = None, header: bool = True) -> str:
     """One row per figure; with set_name (a comparison) a first column names the report."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
@@ -830,13 +845,14 @@ def to_csv(rep: dict[str, Any], set_name: str | None = None, header: bool = True
 
 
 # ------------------------------------------------------------------ two reports side by side
-def comparison_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[str]]:
+def comparison_rows(a: Report, b: Report) -> list[list[str]]:
     """The headline figures of two reports (two windows, or two log sets: before and after a
     fix), each with its counts."""
     rows = [["requests", str(a["requests"]["total"]), str(b["requests"]["total"])]]
-    for title, key in (("miss rate", "miss_rate"), ("could-have-hit miss rate", None)):
-        ta = a[key] if key else a["could_have_hit"]["miss_rate"]
-        tb = b[key] if key else b["could_have_hit"]["miss_rate"]
+    for title, ta, tb in (
+        ("miss rate", a["miss_rate"], b["miss_rate"]),
+        ("could-have-hit miss rate", a["could_have_hit"]["miss_rate"], b["could_have_hit"]["miss_rate"]),
+    ):
         states = [lo for lo in LORA_STATES if ta["all"][lo]["denominator"] or tb["all"][lo]["denominator"]]
         for path in ("all", "ram", "slot"):
             for lo in [*states, "all"] if len(states) > 1 else ["all"]:
@@ -849,17 +865,24 @@ def comparison_rows(a: dict[str, Any], b: dict[str, Any]) -> list[list[str]]:
         rows.append(
             [f"prefill duration {q} (s)", _secs(a["prefill_seconds"]["all"][q]), _secs(b["prefill_seconds"]["all"][q])]
         )
-    for name, label in (
-        ("while_another_slot_prefilled", "while another slot prefilled"),
-        ("no_concurrent_prefill", "no concurrent prefill"),
+    for label, pa, pb in (
+        (
+            "while another slot prefilled",
+            a["time_per_output_token_seconds"]["while_another_slot_prefilled"],
+            b["time_per_output_token_seconds"]["while_another_slot_prefilled"],
+        ),
+        (
+            "no concurrent prefill",
+            a["time_per_output_token_seconds"]["no_concurrent_prefill"],
+            b["time_per_output_token_seconds"]["no_concurrent_prefill"],
+        ),
     ):
-        pa, pb = a["time_per_output_token_seconds"][name], b["time_per_output_token_seconds"][name]
         rows.append([f"time per output token p50 (s), {label}", _secs(pa["p50"]), _secs(pb["p50"])])
     rows.append(["small-task takeovers", str(a["small_task_takeovers"]), str(b["small_task_takeovers"])])
     return rows
 
 
-def comparison_text(a: dict[str, Any], b: dict[str, Any], names: tuple[str, str], markdown: bool) -> str:
+def comparison_text(a: Report, b: Report, names: tuple[str, str], markdown: bool) -> str:
     header = ["figure", *names]
     rows = comparison_rows(a, b)
     if markdown:
