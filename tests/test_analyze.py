@@ -47,7 +47,7 @@ def json_report(paths: list[str], settings: AssemblySettings, events: list[str] 
 
 @pytest.mark.parametrize("min_prompt_tokens", [1, 1024])
 @pytest.mark.parametrize("name", WITH_TRUTH)
-def test_every_count_and_rate_equals_the_ground_truth(name, min_prompt_tokens):
+def test_every_count_and_rate_equals_the_ground_truth(name, min_prompt_tokens: int) -> None:
     settings = AssemblySettings(min_prompt_tokens=min_prompt_tokens)
     want = expected_from_truth(truths(f"{name}.truth.jsonl"), settings)
     rep = json_report([str(LOGS / f"{name}.log")], settings)
@@ -66,7 +66,7 @@ def test_every_count_and_rate_equals_the_ground_truth(name, min_prompt_tokens):
     assert any(u["what"] == "LoRA state" and "--events" in u["why"] for u in rep["unknown"])
 
 
-def test_below_lv4_the_cache_figures_are_unknown_with_the_reason():
+def test_below_lv4_the_cache_figures_are_unknown_with_the_reason() -> None:
     rep = json_report([str(LOGS / "lv3-np2-text.log")], AssemblySettings(min_prompt_tokens=1))
     assert rep["requests"]["total"] == len(truths("lv3-np2-text.truth.jsonl"))
     whats = {u["what"]: u for u in rep["unknown"]}
@@ -78,7 +78,9 @@ def test_below_lv4_the_cache_figures_are_unknown_with_the_reason():
 
 
 @pytest.mark.parametrize("min_prompt_tokens", [1, 1024])
-def test_with_the_exporters_events_file_the_rates_by_lora_equal_the_ground_truth(tmp_path, min_prompt_tokens):
+def test_with_the_exporters_events_file_the_rates_by_lora_equal_the_ground_truth(
+    tmp_path: Path, min_prompt_tokens: int
+) -> None:
     """A recorded run: a real llama-server's log, the events file the exporter wrote while it
     polled /slots, and the responses. The log and the events file together, and the events
     file alone, give every rate by LoRA state as the responses do."""
@@ -110,7 +112,7 @@ def test_with_the_exporters_events_file_the_rates_by_lora_equal_the_ground_truth
     assert both["restores"]["none"]["discarded_lora_wrongful"] == 0
 
 
-def test_rotated_and_compressed_files_are_read_oldest_first_as_one_log(tmp_path):
+def test_rotated_and_compressed_files_are_read_oldest_first_as_one_log(tmp_path: Path) -> None:
     lines = (LOGS / "lv4-np2-text.log").read_text().splitlines(keepends=True)
     third = len(lines) // 3
     (tmp_path / "llama.log").write_text("".join(lines[2 * third :]))
@@ -128,7 +130,7 @@ def test_rotated_and_compressed_files_are_read_oldest_first_as_one_log(tmp_path)
         assert split[key] == whole[key], key
 
 
-def test_several_server_runs_in_one_log(tmp_path):
+def test_several_server_runs_in_one_log(tmp_path: Path) -> None:
     """Two runs of the server appended to one file (its start banner again): the second run's
     first requests could not have hit, whatever their conversation."""
     log = tmp_path / "two-runs.log"
@@ -165,7 +167,7 @@ def rec(conv, start_s, end_s, prompt, reused, epoch=0, lora="none", path="ram"):
     )
 
 
-def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason():
+def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason() -> None:
     records = [
         rec("a", 0, 1, 1000, 0),  # first of a
         rec("a", 2, 3, 1200, 1100),  # considered, hit
@@ -186,14 +188,14 @@ def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason():
     assert [(r.start_us, r.outcome) for r in kept] == [(2_000_000, "hit"), (4_002_000_000, "miss")]
 
 
-def test_rates_are_written_with_their_counts_and_small_samples_are_flagged():
+def test_rates_are_written_with_their_counts_and_small_samples_are_flagged() -> None:
     assert report.fmt_rate(report.rate(61, 79)) == "77% (61/79)"
     assert report.fmt_rate(report.rate(3, 8)) == "38% (3/8) *"
     assert report.fmt_rate(report.rate(0, 0)) == "-"
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "csv", "json"])
-def test_every_format_renders_the_same_report(fmt, capsys):
+def test_every_format_renders_the_same_report(fmt: str, capsys: pytest.CaptureFixture[str]) -> None:
     path = str(LOGS / "lv4-np2-text.log")
     assert analyze.main([path, "--format", fmt, "--min-prompt-tokens", "1"]) == 0
     out = capsys.readouterr().out
@@ -209,7 +211,9 @@ def test_every_format_renders_the_same_report(fmt, capsys):
         assert "unknown: LoRA state" in out
 
 
-def test_a_file_that_is_not_a_llama_server_log_is_said_to_be_one_and_fails(tmp_path, capsys):
+def test_a_file_that_is_not_a_llama_server_log_is_said_to_be_one_and_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # a real file that is no llama-server log: the ground truth of a recorded run
     other = LOGS / "lv4-np2-text.truth.jsonl"
     assert analyze.main([str(other), "--format", "json"]) == 1
@@ -219,14 +223,16 @@ def test_a_file_that_is_not_a_llama_server_log_is_said_to_be_one_and_fails(tmp_p
     assert f"none of the {lines} lines read from {other} is a line of llama-server's log" in captured.err
 
 
-def test_plot_without_matplotlib_gives_an_install_hint_that_works_from_a_clone(monkeypatch, capsys):
+def test_plot_without_matplotlib_gives_an_install_hint_that_works_from_a_clone(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setattr(plots, "available", lambda: False)
     assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--plot", "charts"]) == 2
     err = capsys.readouterr().err
     assert "pip install matplotlib" in err and "[plot]" not in err
 
 
-def test_bad_arguments_are_clear_errors(tmp_path, capsys):
+def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert analyze.main([]) == 2
     assert analyze.main([str(tmp_path / "missing.log")]) == 2
     assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--gap", "nan"]) == 2
@@ -311,7 +317,7 @@ def live_vs_report(metrics_text: str, rep: dict) -> list[tuple[str, float, float
 @pytest.mark.parametrize(
     "name", ["lv4-np2-text", "lv4-np1-cancelled", "lv3-np2-text", "lv4-np2-starved", "lv4-np2-lora-events"]
 )
-def test_the_live_exporter_and_analyze_count_the_same(name, tmp_path):
+def test_the_live_exporter_and_analyze_count_the_same(name: str, tmp_path: Path) -> None:
     log = tmp_path / "llama-server.log"
     shutil.copy(LOGS / f"{name}.log", log)
     n = sum(1 for _ in log.open(errors="replace"))
@@ -351,7 +357,7 @@ def test_the_live_exporter_and_analyze_count_the_same(name, tmp_path):
 
 # ------------------------------------------------------------------ history into Prometheus
 @pytest.mark.integration
-def test_backfilled_history_answers_the_dashboards_query_in_a_real_prometheus(tmp_path):
+def test_backfilled_history_answers_the_dashboards_query_in_a_real_prometheus(tmp_path: Path) -> None:
     """analyze --openmetrics -> promtool tsdb create-blocks-from openmetrics -> a real
     Prometheus on those blocks answers the overview's RAM-path miss ratio over that history
     with analyze's own figure."""
@@ -402,7 +408,7 @@ def test_backfilled_history_answers_the_dashboards_query_in_a_real_prometheus(tm
         prom.stop()
 
 
-def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_path):
+def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_path: Path) -> None:
     """Only the last run in a file is dated (by the file's modification time): the earlier
     run's samples are left out and counted, not placed at an invented time."""
     log = tmp_path / "two-runs.log"
@@ -422,12 +428,12 @@ def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_
 
 
 # ------------------------------------------------------------------ windows and comparisons
-def run_json(capsys, *argv: str) -> dict:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
     assert analyze.main([*argv, "--format", "json", "--min-prompt-tokens", "1"]) == 0
     return json.loads(capsys.readouterr().out)
 
 
-def test_two_windows_split_every_count_of_the_whole(tmp_path, capsys):
+def test_two_windows_split_every_count_of_the_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "llama-server.log"
     shutil.copy(LOGS / "lv4-np2-text.log", log)
     os.utime(log, (1_800_000_000, 1_800_000_000))  # its last line: 2027-01-15T08:00:00Z
@@ -456,7 +462,9 @@ def test_two_windows_split_every_count_of_the_whole(tmp_path, capsys):
     assert run_json(capsys, str(log), "--since", "2027-01-15T08:00:01+00:00")["requests"]["total"] == 0
 
 
-def test_requests_that_cannot_be_dated_are_left_out_of_a_window_and_counted(tmp_path, capsys):
+def test_requests_that_cannot_be_dated_are_left_out_of_a_window_and_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     log = tmp_path / "two-runs.log"
     with log.open("w") as out:
         for _ in range(2):
@@ -467,7 +475,7 @@ def test_requests_that_cannot_be_dated_are_left_out_of_a_window_and_counted(tmp_
     assert time_unknown["requests"] == 32
 
 
-def test_two_log_sets_compared_side_by_side(capsys):
+def test_two_log_sets_compared_side_by_side(capsys: pytest.CaptureFixture[str]) -> None:
     first, second = str(LOGS / "lv4-np2-text.log"), str(LOGS / "lv4-np1-cache-thrashing.log")
     both = run_json(capsys, first, "--compare-with", second)
     assert both["a"]["miss_rate"] == run_json(capsys, first)["miss_rate"]
@@ -478,7 +486,7 @@ def test_two_log_sets_compared_side_by_side(capsys):
 
 
 # ------------------------------------------------------------------ charts
-def test_the_miss_rate_chart_plots_the_reports_counts():
+def test_the_miss_rate_chart_plots_the_reports_counts() -> None:
     result = analyze.analyze(
         analyze.Inputs([str(LOGS / "lv4-np2-text.log")], []), AssemblySettings(min_prompt_tokens=1)
     )
@@ -495,7 +503,7 @@ def test_the_miss_rate_chart_plots_the_reports_counts():
     assert len(bins["unknown"]) > 1
 
 
-def test_plot_writes_the_three_charts(tmp_path, capsys):
+def test_plot_writes_the_three_charts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "charts"
     assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--plot", str(out), "--min-prompt-tokens", "1"]) == 0
     for name in ("miss-rate.png", "prefill.png", "time-per-output-token.png"):
@@ -504,7 +512,7 @@ def test_plot_writes_the_three_charts(tmp_path, capsys):
     assert "chart written" in capsys.readouterr().err
 
 
-def test_the_readmes_report_is_what_analyze_prints(capsys):
+def test_the_readmes_report_is_what_analyze_prints(capsys: pytest.CaptureFixture[str]) -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     blocks = readme.split("A part of the report of a recorded run", 1)[1].split("```\n")
     found, tables = blocks[1], blocks[3]  # its findings, then a part of its tables
@@ -515,7 +523,7 @@ def test_the_readmes_report_is_what_analyze_prints(capsys):
     assert tables in out
 
 
-def test_a_large_input_shows_its_progress_on_a_terminal(capsys):
+def test_a_large_input_shows_its_progress_on_a_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     bar = analyze._Progress(analyze.PROGRESS_BYTES * 2, enabled=True)
     bar.show(analyze.PROGRESS_BYTES)
     bar.close()
@@ -526,7 +534,7 @@ def test_a_large_input_shows_its_progress_on_a_terminal(capsys):
 
 
 @pytest.mark.parametrize("name", ["lv4-np2-text", "lv4-np2-slow-machine", "lv4-np2-lora-events"])
-def test_the_size_of_a_concurrent_prefill_is_one_the_server_reported(name):
+def test_the_size_of_a_concurrent_prefill_is_one_the_server_reported(name: str) -> None:
     """Each record's largest concurrent prefill is the prompt_n of another response."""
     result = analyze.analyze(analyze.Inputs([str(LOGS / f"{name}.log")], []))
     sizes = {t["prompt_n"] for t in truths(f"{name}.truth.jsonl")}
@@ -537,7 +545,9 @@ def test_the_size_of_a_concurrent_prefill_is_one_the_server_reported(name):
     assert tp["while_a_large_prefill_ran"]["count"] <= tp["while_another_slot_prefilled"]["count"]
 
 
-def test_unreadable_and_foreign_input_is_reported_never_a_crash(tmp_path, capsys):
+def test_unreadable_and_foreign_input_is_reported_never_a_crash(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """A file that is not gzip, a .gz cut short (a rotation caught mid-write), random bytes,
     an empty file, an unwritable output: a clear message, what could be read is kept."""
     whole = (LOGS / "lv4-np2-text.log").read_bytes()
@@ -566,7 +576,7 @@ def test_unreadable_and_foreign_input_is_reported_never_a_crash(tmp_path, capsys
     assert "cannot write" in capsys.readouterr().err
 
 
-def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_prefix():
+def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_prefix() -> None:
     """Invented records: the server compared the prompt with the previous request's own state
     (state_source_task) and kept less than 90% of the previous prompt."""
 
@@ -588,7 +598,7 @@ def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_pref
     assert reason(pair(0, 5, compared_entries=((7, 1990),)))["prefix_changed"] == 0
 
 
-def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_counted(tmp_path):
+def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_counted(tmp_path: Path) -> None:
     """The events file's proof lines: a record that went out "uncertain" takes the conversation
     proven later (matched by slot, task and start); a proof line that is not one is counted."""
     recorded = json.loads((LOGS / "lv4-np2-lora-events.events.jsonl").read_text().splitlines()[0])
@@ -628,7 +638,7 @@ def test_a_conversation_proven_after_its_record_is_applied_and_a_bad_proof_is_co
     assert len(recs) == 2 and bad == 1
 
 
-def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records():
+def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records() -> None:
     # the starved impatient-id recording: 16 conversations are proven after their record went out
     from support import log_lines, replay
 
@@ -646,7 +656,7 @@ def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records()
     assert got == {(r.slot, r.task): (r.conversation, r.conversation_source) for r in proven}
 
 
-def test_the_sources_count_the_server_restarts_in_the_log(tmp_path):
+def test_the_sources_count_the_server_restarts_in_the_log(tmp_path: Path) -> None:
     """A log of two server runs: one restart (the figure once read a sample without its model
     label and said 0)."""
     run = (Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log").read_text()

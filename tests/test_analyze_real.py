@@ -3,6 +3,8 @@ request, and only those, is excluded from the could-have-hit rates as a changed 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from realserver import LlamaServer
 from workload import rewritten_history
@@ -14,7 +16,9 @@ pytestmark = pytest.mark.real_server
 
 
 @pytest.mark.parametrize("n_parallel", [1, 2])
-def test_a_rewritten_history_is_a_changed_prefix_never_a_miss_that_could_have_hit(parts, tmp_path, n_parallel):
+def test_a_rewritten_history_is_a_changed_prefix_never_a_miss_that_could_have_hit(
+    parts, tmp_path: Path, n_parallel: int
+) -> None:
     """One slot: each conversation's state comes back from the RAM cache; two slots: it
     stays on its slot. Either way the server compares the new prompt with the conversation's
     own previous state, and the log shows how early it left it."""

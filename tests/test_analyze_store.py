@@ -47,7 +47,7 @@ def in_memory(result: analyze.Analysis, since: float | None = None, until: float
 
 
 @pytest.mark.parametrize("log", ALL_LOGS)
-def test_the_streamed_report_is_the_in_memory_one_on_every_recorded_log(log):
+def test_the_streamed_report_is_the_in_memory_one_on_every_recorded_log(log) -> None:
     result = analyze.analyze(analyze.Inputs([str(LOGS / log)], []), SETTINGS, Pseudonymizer("salt"))
     try:
         # the store follows conversations in the order sorted() gives the records in memory
@@ -85,7 +85,7 @@ def _events_file_with_proofs(tmp_path: Path) -> tuple[Path, Path]:
     return log, events
 
 
-def test_events_files_with_proofs_give_the_records_the_lists_gave(tmp_path):
+def test_events_files_with_proofs_give_the_records_the_lists_gave(tmp_path: Path) -> None:
     log, events = _events_file_with_proofs(tmp_path)
     listed, bad = analyze.read_events([str(events)])
     reclassified = [analyze._reclassified(r, SETTINGS) for r in listed]
@@ -109,7 +109,7 @@ def test_events_files_with_proofs_give_the_records_the_lists_gave(tmp_path):
     assert analyze.streamed_report(both, OPTS, SETTINGS, None, None) == in_memory(both)
 
 
-def test_the_records_file_reads_back_as_the_same_report(tmp_path, capsys):
+def test_the_records_file_reads_back_as_the_same_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     log = str(LOGS / "lv4-np2-lora-events.log")
     out = tmp_path / "records.jsonl"
     assert analyze.main([log, "--records", str(out), "--format", "json", "--min-prompt-tokens", "1"]) == 0
@@ -130,7 +130,7 @@ def test_the_records_file_reads_back_as_the_same_report(tmp_path, capsys):
     assert read_back["sources"]["events_records"] == len(lines)
 
 
-def test_stored_percentiles_are_those_of_the_sorted_values():
+def test_stored_percentiles_are_those_of_the_sorted_values() -> None:
     store = RecordStore()
     try:
         rng = random.Random(7)
@@ -147,7 +147,9 @@ def test_stored_percentiles_are_those_of_the_sorted_values():
         store.close()
 
 
-def test_a_temporary_directory_that_cannot_hold_the_records_is_a_clear_message(tmp_path, monkeypatch, capsys):
+def test_a_temporary_directory_that_cannot_hold_the_records_is_a_clear_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     # the store made in a directory that does not exist (as a full or vanished $TMPDIR): a
     # message and exit status 1, no traceback
     missing = str(tmp_path / "gone")

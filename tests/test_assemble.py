@@ -15,7 +15,7 @@ from llamacpp_exporter.records import RequestRecord, SlotsSnapshot, SlotState
 
 
 @pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl"])
-def test_lv4_every_request_matches_ground_truth(log):
+def test_lv4_every_request_matches_ground_truth(log: str) -> None:
     recs, _ = replay_records(log_lines(log + ".log"))
     tr = truths(log + ".truth.jsonl")
     assert len(recs) == len(tr)
@@ -28,7 +28,7 @@ def test_lv4_every_request_matches_ground_truth(log):
         assert r.lora == "unknown"  # no /slots in a bare replay: never guessed
 
 
-def test_lv4_sample_shows_the_lora_discards_of_conv_1_2():
+def test_lv4_sample_shows_the_lora_discards_of_conv_1_2() -> None:
     recs, _ = replay_records(log_lines("lv4-np2-text.log"))
     tr = truths("lv4-np2-text.truth.jsonl")
     conv12 = [by_timings(recs, t) for t in tr if t["conv"] == "conv-1-2"]
@@ -39,7 +39,7 @@ def test_lv4_sample_shows_the_lora_discards_of_conv_1_2():
     assert all(r.reused_tokens == 0 for r in later)
 
 
-def test_lv3_prefill_and_decode_exact_reuse_unknown():
+def test_lv3_prefill_and_decode_exact_reuse_unknown() -> None:
     recs, pl = replay_records(log_lines("lv3-np2-text.log"))
     tr = truths("lv3-np2-text.truth.jsonl")
     for t in tr:
@@ -55,7 +55,7 @@ def snapshot(slot: int, task: int, lora, processing=True, cache=None, processed=
     return SlotsSnapshot((SlotState(slot, task, processing, None, processed, cache, decoded, lora),))
 
 
-def test_seed_scenario_with_slots_classifies_the_discard_as_wrongful():
+def test_seed_scenario_with_slots_classifies_the_discard_as_wrongful() -> None:
     """Replay the recorded seed scenario with the /slots answers the poller would have
     delivered (tasks 0 and 12 sent lora scale 0.5, task 6 none)."""
     recs: list[RequestRecord] = []
@@ -78,7 +78,7 @@ def test_seed_scenario_with_slots_classifies_the_discard_as_wrongful():
     assert recs[1].lora_config == "0:1"  # no lora field: the global list applies
 
 
-def test_restart_starts_a_new_epoch_and_joins_nothing_across_it():
+def test_restart_starts_a_new_epoch_and_joins_nothing_across_it() -> None:
     lines = log_lines("lv4-np1-seed-scenario.log")
     recs, pl = replay_records(lines + lines)
     assert [r.epoch for r in recs] == [0, 0, 0, 1, 1, 1]
@@ -87,13 +87,13 @@ def test_restart_starts_a_new_epoch_and_joins_nothing_across_it():
     assert recs[3].ram_restored is False  # the second process's cache starts empty
 
 
-def test_restart_without_timestamps_is_seen_by_the_initializing_line():
+def test_restart_without_timestamps_is_seen_by_the_initializing_line() -> None:
     lines = [ln.split(" ", 2)[2] if ln[:1].isdigit() else ln for ln in log_lines("lv4-np1-seed-scenario.log")]
     recs, pl = replay_records(lines + lines)
     assert [r.epoch for r in recs] == [0, 0, 0, 1, 1, 1]
 
 
-def test_overlap_of_another_slots_prefill_with_decoding():
+def test_overlap_of_another_slots_prefill_with_decoding() -> None:
     # From lv4-np2-text.log: task 2 (slot 0) decodes for 556.46 ms ending at 4.638258 s, all of
     # it while task 0 on slot 1 prefills (1.108522 s until 6.625 s).
     recs, _ = replay_records(log_lines("lv4-np2-text.log"))
@@ -105,7 +105,7 @@ def test_overlap_of_another_slots_prefill_with_decoding():
     assert first.overlap_seconds == 0 and first.contention == "none"
 
 
-def test_outcome_thresholds_are_configurable():
+def test_outcome_thresholds_are_configurable() -> None:
     lines = log_lines("lv4-np2-text.log")
     default, _ = replay_records(lines)
     low, _ = replay_records(lines, AssemblySettings(min_prompt_tokens=100))
@@ -117,7 +117,7 @@ def test_outcome_thresholds_are_configurable():
             assert r.reused_tokens / r.prompt_tokens < 0.1 and r.miss_cause
 
 
-def test_small_task_takeover():
+def test_small_task_takeover() -> None:
     # invented lines, shaped like lv4 output: a 2-token probe selected by LCP on a slot that
     # held a 1,500-token conversation (the seed's health probe)
     lines = [
@@ -143,7 +143,7 @@ def test_small_task_takeover():
     assert value(pl.registry, "llamacpp_small_task_slot_takeovers_total") == 1
 
 
-def test_lora_unknown_when_slots_never_showed_the_task():
+def test_lora_unknown_when_slots_never_showed_the_task() -> None:
     recs: list[RequestRecord] = []
     pl = Pipeline(CollectorRegistry(), on_record=recs.append, slots_polled=True, clock=lambda: 0.0)
     for line in log_lines("lv4-np1-seed-scenario.log"):
@@ -154,7 +154,7 @@ def test_lora_unknown_when_slots_never_showed_the_task():
     assert [r.lora for r in recs] == ["unknown"] * 3
 
 
-def test_state_is_bounded_under_endless_tasks():
+def test_state_is_bounded_under_endless_tasks() -> None:
     """20000 tasks on 4 slots of one server process, each released and seen in /slots with a
     LoRA list, no client ever sending an id: every per-task map stays at its cap."""
     from llamacpp_exporter.assemble import attribution, finish, lora, timeline
@@ -185,7 +185,7 @@ class _NullSink:
         return lambda *args, **kw: None
 
 
-def test_continuation_lines_do_not_move_the_clock():
+def test_continuation_lines_do_not_move_the_clock() -> None:
     """A multi-line message's continuation has no timestamp; it must not replace the log's own
     clock with the reader's wall clock (records would look a day old and be emitted early)."""
     a = Assembler(sink=_NullSink())
@@ -195,7 +195,7 @@ def test_continuation_lines_do_not_move_the_clock():
 
 
 @pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine"])
-def test_overlap_agrees_with_the_servers_own_timings(log):
+def test_overlap_agrees_with_the_servers_own_timings(log: str) -> None:
     """Each record's overlap with other slots' prefills, against an independent reading of the
     log's print_timing lines (decode ends at the eval line; decode and prefill times are the
     server's). A record must wait until the prefills it overlaps have their exact times."""
@@ -245,7 +245,7 @@ def _by_turn(name: str) -> list[tuple[dict, RequestRecord]]:
     return list(zip(rows, recs, strict=True))
 
 
-def test_a_conversation_evicted_before_it_came_back_misses_with_cause_evicted():
+def test_a_conversation_evicted_before_it_came_back_misses_with_cause_evicted() -> None:
     """Recorded: three conversations take turns on one slot with a RAM cache that holds two of
     their entries, so each comes back after its entry was pushed out."""
     pairs = _by_turn("lv4-np1-cache-thrashing")
@@ -255,7 +255,7 @@ def test_a_conversation_evicted_before_it_came_back_misses_with_cause_evicted():
     assert {r.miss_cause for t, r in pairs if t["turn"] == 0} == {"no_cache_entry"}  # never saved yet
 
 
-def test_a_full_cache_that_evicts_only_what_is_not_needed_again_is_not_thrashing():
+def test_a_full_cache_that_evicts_only_what_is_not_needed_again_is_not_thrashing() -> None:
     """Recorded: one conversation comes back between one-shot conversations; the cache is full
     and evicts (one-shots), and the conversation hits every time."""
     recs, pl = replay_records(log_lines("lv4-np1-cache-full-healthy.log"))
@@ -266,7 +266,7 @@ def test_a_full_cache_that_evicts_only_what_is_not_needed_again_is_not_thrashing
     assert all(r.miss_cause != "evicted" for _, r in pairs)
 
 
-def test_equal_length_cache_entries_do_not_break_lineage():
+def test_equal_length_cache_entries_do_not_break_lineage() -> None:
     """Recorded (the contention test without ids): pinned probes make llama-server save states of
     equal length (29 tokens, two of 1224) and then remove one of them as obsolete, a line that
     gives only the length. Which one went is read from the next list of the entries; the long
@@ -278,7 +278,7 @@ def test_equal_length_cache_entries_do_not_break_lineage():
     assert {r.conversation_source for r in long} == {"lineage"}
 
 
-def test_a_stray_line_with_a_later_timestamp_is_not_a_restart():
+def test_a_stray_line_with_a_later_timestamp_is_not_a_restart() -> None:
     """Invented from a recorded log: a late line of the server (an ignored one) appears in the
     middle, far ahead of its neighbours; then time is back where it was. That line was the
     stray: no new epoch, no request cancelled, the same records as without it."""
@@ -293,7 +293,7 @@ def test_a_stray_line_with_a_later_timestamp_is_not_a_restart():
     assert sorted(map(key, recs)) == sorted(map(key, clean))
 
 
-def test_a_stray_line_with_an_earlier_timestamp_is_not_a_restart():
+def test_a_stray_line_with_an_earlier_timestamp_is_not_a_restart() -> None:
     """Invented from a recorded log: one early line repeated in the middle (another writer, a
     replayed line). Time goes back for one line only: no new epoch, no request cancelled,
     the same records as without it."""

@@ -9,6 +9,7 @@ replay of the server's log must give the same conversations."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from realserver import BusyLoop, ExporterProcess, LlamaServer, wait_for
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.real_server
 SALT = "a-test-salt-of-enough-length"
 
 
-def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path):
+def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path: Path) -> None:
     salt = tmp_path / "salt"
     salt.write_text(SALT + "\n")
     events = tmp_path / "events.jsonl"

@@ -18,7 +18,7 @@ BUILDS = Path(__file__).parent / "fixtures" / "logs" / "builds"
 LOGS = sorted(BUILDS.glob("*.log"))
 
 
-def test_every_tested_build_has_its_four_logs():
+def test_every_tested_build_has_its_four_logs() -> None:
     names = {p.stem for p in LOGS}
     for b in TESTED_BUILDS:
         for lv in (3, 4):
@@ -27,7 +27,7 @@ def test_every_tested_build_has_its_four_logs():
 
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.stem)
-def test_what_each_build_gets_right_and_what_it_reports_unavailable(path, caplog):
+def test_what_each_build_gets_right_and_what_it_reports_unavailable(path, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     recs, pl = replay_records(path.read_text(errors="replace").splitlines())
     truth = [json.loads(x) for x in path.with_suffix(".truth.jsonl").read_text().splitlines()]
@@ -57,7 +57,7 @@ def test_what_each_build_gets_right_and_what_it_reports_unavailable(path, caplog
     )
 
 
-def test_an_untested_build_is_named_once_in_a_warning(caplog):
+def test_an_untested_build_is_named_once_in_a_warning(caplog: pytest.LogCaptureFixture) -> None:
     """Invented: the build line of an official image (build number and commit)."""
     line = "0.00.004.533 I cmn  common_param: common_params_print_info: build 9999 (abc1234) with GNU 12.2.0 for Linux"
     caplog.set_level(logging.INFO)

@@ -38,7 +38,7 @@ def records(name: str) -> tuple[list[RequestRecord], Pipeline]:
 
 
 @pytest.mark.parametrize("name", EVICTING)
-def test_each_evicted_miss_is_a_miss_and_needed_more_than_the_cache_it_missed_in(name):
+def test_each_evicted_miss_is_a_miss_and_needed_more_than_the_cache_it_missed_in(name) -> None:
     recs, _ = records(name)
     truth = truths(f"{name}.truth.jsonl")
     assert len(recs) == len(truth)
@@ -71,7 +71,7 @@ def _compare(pair: str) -> tuple[list[tuple[str, bool | None, bool]], float]:
     return rows, factor
 
 
-def test_without_checkpoints_the_small_run_predicts_the_larger_run_request_by_request():
+def test_without_checkpoints_the_small_run_predicts_the_larger_run_request_by_request() -> None:
     """--swa-full: entries are the KV cache alone, their size the same whether restored or
     computed again, and the curve is exact: every evicted miss of the small run that the curve
     says a cache of the larger size would have kept hit there, every other one missed again."""
@@ -88,7 +88,7 @@ def test_without_checkpoints_the_small_run_predicts_the_larger_run_request_by_re
     assert all(kept is False for _, kept, missed in rows if missed)
 
 
-def test_with_checkpoints_the_curve_is_a_floor_and_says_so(capsys):
+def test_with_checkpoints_the_curve_is_a_floor_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
     """Gemma 3 (SWA) keeps context checkpoints with each entry; a restored entry keeps them and
     the next turn adds more, so the larger run, which restores more, holds larger entries than
     the small run did: every request the larger run kept was predicted kept, but some predicted
@@ -108,18 +108,18 @@ def test_with_checkpoints_the_curve_is_a_floor_and_says_so(capsys):
     )
 
 
-def run_analyze(capsys, log: str, *extra: str) -> str:
+def run_analyze(capsys: pytest.CaptureFixture[str], log: str, *extra: str) -> str:
     capsys.readouterr()
     assert analyze.main([str(LOGS / log), "--min-prompt-tokens", "256", *extra]) == 0
     return capsys.readouterr().out
 
 
-def analyze_json(capsys, log: str) -> dict:
+def analyze_json(capsys: pytest.CaptureFixture[str], log: str) -> dict:
     return json.loads(run_analyze(capsys, log, "--format", "json"))
 
 
 @pytest.mark.parametrize("pair", PAIRS)
-def test_the_report_curve_and_the_live_counters_count_the_same_misses(capsys, pair):
+def test_the_report_curve_and_the_live_counters_count_the_same_misses(capsys: pytest.CaptureFixture[str], pair) -> None:
     name = PAIRS[pair][0]
     rep = analyze_json(capsys, f"{name}.log")
     curve = rep["cache_size_curve"]
@@ -143,7 +143,7 @@ def test_the_report_curve_and_the_live_counters_count_the_same_misses(capsys, pa
     assert value(pl.registry, "llamacpp_prompt_cache_evicted_misses_size_unknown_total") == curve["size_unknown"] == 0
 
 
-def test_the_finding_names_the_size_that_would_have_helped(capsys):
+def test_the_finding_names_the_size_that_would_have_helped(capsys: pytest.CaptureFixture[str]) -> None:
     rep = analyze_json(capsys, f"{PAIRS['swa-full'][0]}.log")
     (finding,) = [f for f in rep["findings"] if f["finding"] == "cache_too_small"]
     curve = rep["cache_size_curve"]

@@ -20,7 +20,7 @@ def lengths(m: CacheMirror) -> list[tuple[int, tuple[int, int] | None]]:
     return [(e.n_tokens, e.source) for e in m.entries]
 
 
-def test_saves_push_evictions_pop_the_oldest_restores_take_the_candidate():
+def test_saves_push_evictions_pop_the_oldest_restores_take_the_candidate() -> None:
     m, saved, evicted = mirror()
     save(m, 100, 1)
     save(m, 200, 2)
@@ -32,7 +32,7 @@ def test_saves_push_evictions_pop_the_oldest_restores_take_the_candidate():
     assert len(saved) == 3
 
 
-def test_an_update_eviction_commits_the_pending_save_first():
+def test_an_update_eviction_commits_the_pending_save_first() -> None:
     m, _, evicted = mirror()
     save(m, 100, 1)
     m.save_started(200, (0, 2))
@@ -40,7 +40,7 @@ def test_an_update_eviction_commits_the_pending_save_first():
     assert evicted == [(0, 1)] and lengths(m) == [(200, (0, 2))]
 
 
-def test_a_skipped_save_pushes_nothing():
+def test_a_skipped_save_pushes_nothing() -> None:
     m, saved, _ = mirror()
     m.save_started(100, (0, 1))
     m.save_skipped()
@@ -48,7 +48,7 @@ def test_a_skipped_save_pushes_nothing():
     assert m.entries == [] and saved == []
 
 
-def test_equal_lengths_are_told_apart_by_the_next_ordered_list():
+def test_equal_lengths_are_told_apart_by_the_next_ordered_list() -> None:
     """Two entries of 1224 tokens; the save of 1355 removes the one it contains (the line says
     only the length). The listing's order shows it was the second."""
     m, _, _ = mirror()
@@ -65,7 +65,7 @@ def test_equal_lengths_are_told_apart_by_the_next_ordered_list():
     assert lengths(m) == [(1224, (0, 4)), (29, (0, 7)), (1355, (0, 9))]
 
 
-def test_when_the_order_cannot_tell_the_sources_become_unknown():
+def test_when_the_order_cannot_tell_the_sources_become_unknown() -> None:
     m, _, _ = mirror()
     save(m, 29, 1)
     save(m, 29, 2)
@@ -76,7 +76,7 @@ def test_when_the_order_cannot_tell_the_sources_become_unknown():
     assert lengths(m) == [(29, None)]  # which 29 is left: unknown, not a guess
 
 
-def test_a_listing_that_does_not_match_starts_again_without_sources():
+def test_a_listing_that_does_not_match_starts_again_without_sources() -> None:
     m, _, _ = mirror()
     save(m, 100, 1)
     m.listing_started(2)
@@ -87,7 +87,7 @@ def test_a_listing_that_does_not_match_starts_again_without_sources():
     assert m.restored([100, 999], 1) is False  # and a restore that does not match is not placed
 
 
-def test_the_lookups_candidates_are_named_by_who_computed_them_only_when_the_mirror_matches():
+def test_the_lookups_candidates_are_named_by_who_computed_them_only_when_the_mirror_matches() -> None:
     m = CacheMirror(lambda: None, lambda s: None)
     for n, task in ((100, 1), (200, 2), (100, 3)):
         m.save_started(n, (0, task))
@@ -120,7 +120,7 @@ def push(m: CacheMirror, task: int, mib: float, limit_mib: float) -> None:
     update(m, limit_mib)
 
 
-def test_an_evicted_entry_needs_itself_and_every_younger_entry_until_it_comes_back():
+def test_an_evicted_entry_needs_itself_and_every_younger_entry_until_it_comes_back() -> None:
     m, _, evicted = mirror()
     for task in (1, 2, 3):  # 10 MiB each in a 25 MiB cache: the third save evicts the first
         push(m, task, 10, 25)
@@ -132,7 +132,7 @@ def test_an_evicted_entry_needs_itself_and_every_younger_entry_until_it_comes_ba
     assert m.returned((0, 1)) is None  # consumed: one return per eviction
 
 
-def test_a_younger_ghost_whose_conversation_came_back_frees_its_room():
+def test_a_younger_ghost_whose_conversation_came_back_frees_its_room() -> None:
     m, _, _ = mirror()
     for task in (1, 2, 3, 4):
         push(m, task, 10, 25)  # 1 and 2 evicted
@@ -142,7 +142,7 @@ def test_a_younger_ghost_whose_conversation_came_back_frees_its_room():
     assert m.returned((0, 1)).needed_bytes == 40 * MIB
 
 
-def test_a_restore_after_the_push_still_counts_at_the_push():
+def test_a_restore_after_the_push_still_counts_at_the_push() -> None:
     m, _, _ = mirror()
     push(m, 1, 10, 25)
     push(m, 2, 10, 25)
@@ -154,7 +154,7 @@ def test_a_restore_after_the_push_still_counts_at_the_push():
     assert m.returned((0, 1)).needed_bytes == 30 * MIB
 
 
-def test_entries_beyond_four_times_the_limit_are_known_to_need_more():
+def test_entries_beyond_four_times_the_limit_are_known_to_need_more() -> None:
     m, _, _ = mirror()
     for task in range(1, 12):
         push(m, task, 10, 25)

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,7 +33,7 @@ def parts():
     return llama_server_binary(), *model_files()
 
 
-def test_b11434_on_two_slots_is_affected_and_the_log_shows_the_discard(parts, tmp_path):
+def test_b11434_on_two_slots_is_affected_and_the_log_shows_the_discard(parts, tmp_path: Path) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2).start()
     try:
@@ -48,7 +49,7 @@ def test_b11434_on_two_slots_is_affected_and_the_log_shows_the_discard(parts, tm
     assert "PR #30275" in out["message"] and "alpha" not in json.dumps(out)  # no prompt text
 
 
-def test_a_server_without_a_ram_cache_is_refused_with_its_log_and_inconclusive_without(parts, tmp_path):
+def test_a_server_without_a_ram_cache_is_refused_with_its_log_and_inconclusive_without(parts, tmp_path: Path) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=1, cache_ram=0).start()
     try:
@@ -62,7 +63,7 @@ def test_a_server_without_a_ram_cache_is_refused_with_its_log_and_inconclusive_w
     assert blind[1]["control"]["reused"] == 0
 
 
-def test_a_server_without_an_adapter_or_a_free_slot_is_refused(parts, tmp_path):
+def test_a_server_without_an_adapter_or_a_free_slot_is_refused(parts, tmp_path: Path) -> None:
     binary, model, lora = parts
     plain = LlamaServer(binary, model, None, tmp_path / "plain", n_parallel=1).start()
     try:
@@ -96,7 +97,7 @@ def test_a_server_without_an_adapter_or_a_free_slot_is_refused(parts, tmp_path):
 
 
 @pytest.mark.integration
-def test_answers_it_has_never_seen_are_a_refusal_never_a_crash(tmp_path):
+def test_answers_it_has_never_seen_are_a_refusal_never_a_crash(tmp_path: Path) -> None:
     """Invented answers (a web server that is not llama-server, odd JSON, an error): the check
     refuses with its reason and exit 2, never a traceback."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -104,13 +105,13 @@ def test_answers_it_has_never_seen_are_a_refusal_never_a_crash(tmp_path):
     answers = {"/lora-adapters": (200, b"<html>not json</html>")}
 
     class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self) -> None:  # noqa: N802
             code, body = answers.get(self.path, (500, b"oops"))
             self.send_response(code)
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *a):
+        def log_message(self, *a) -> None:
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)

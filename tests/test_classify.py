@@ -22,7 +22,7 @@ RESTORES = [
 
 
 @pytest.mark.parametrize("cleared, forced, reused, known, lora, entry, result, mismatch", RESTORES)
-def test_restore_result(cleared, forced, reused, known, lora, entry, result, mismatch):
+def test_restore_result(cleared, forced, reused, known, lora, entry, result, mismatch) -> None:
     got = c.restore_result(
         lora_cache_cleared=cleared,
         forced_reprocess=forced,
@@ -45,11 +45,11 @@ def test_restore_result(cleared, forced, reused, known, lora, entry, result, mis
         (1023, 0, None),  # below min_prompt_tokens: not in the outcome metric
     ],
 )
-def test_outcome(prompt, reused, expected):
+def test_outcome(prompt: int, reused: int, expected: str | None) -> None:
     assert c.outcome(prompt, reused, 1024, 0.9, 0.1) == expected
 
 
-def test_is_miss_counts_any_length_but_a_single_token():
+def test_is_miss_counts_any_length_but_a_single_token() -> None:
     assert c.is_miss(50, 0, 0.1) and not c.is_miss(1, 0, 0.1) and not c.is_miss(50, 5, 0.1)
 
 
@@ -72,7 +72,7 @@ CAUSES = [
 
 
 @pytest.mark.parametrize("result, cleared, forced, enough, consulted, restored, path, evicted, cause", CAUSES)
-def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, evicted, cause):
+def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, evicted, cause) -> None:
     got = c.miss_cause(
         restore_result=result,
         lora_cache_cleared=cleared,
@@ -86,7 +86,7 @@ def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, 
     assert got == cause
 
 
-def test_offered_tokens_and_small_task_takeover():
+def test_offered_tokens_and_small_task_takeover() -> None:
     assert c.offered_tokens(None, None, 1000) is None
     assert c.offered_tokens(300, 0.5, 1000) == 500  # the larger of what the entry and the slot held
     assert c.offered_tokens(800, 0.5, 1000) == 800

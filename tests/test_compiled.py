@@ -65,7 +65,7 @@ def compiled_dir() -> Path:
     return installed_package(compiler=True)
 
 
-def test_with_a_compiler_the_hot_path_is_compiled_and_reads_every_log_as_the_source(source, compiled_dir):
+def test_with_a_compiler_the_hot_path_is_compiled_and_reads_every_log_as_the_source(source, compiled_dir) -> None:
     assert not source["compiled"]
     got = read_all(compiled_dir)
     assert got["compiled"], "pip install . with gcc at hand did not compile the hot path"
@@ -76,7 +76,7 @@ def test_with_a_compiler_the_hot_path_is_compiled_and_reads_every_log_as_the_sou
     assert sum(len(v["records"]) for v in got["logs"].values()) > 500
 
 
-def test_without_a_compiler_the_install_is_the_pure_package_and_reads_every_log_as_the_source(source):
+def test_without_a_compiler_the_install_is_the_pure_package_and_reads_every_log_as_the_source(source) -> None:
     pure = installed_package(compiler=False)
     assert list(pure.glob("*.whl"))[0].name.endswith("-py3-none-any.whl")
     got = read_all(pure)
@@ -96,7 +96,7 @@ SOURCE_ONLY = " and ".join(
 )
 
 
-def test_the_compiled_package_passes_the_parser_assembler_events_and_golden_tests(compiled_dir):
+def test_the_compiled_package_passes_the_parser_assembler_events_and_golden_tests(compiled_dir) -> None:
     tests = ["test_parse.py", "test_fuzz.py", "test_assemble.py", "test_golden.py", "test_join.py", "test_parts.py"]
     tests += ["test_events_file.py", "test_analyze.py", "test_analyze_store.py", "test_exposition.py"]
     env = dict(os.environ, PYTHONPATH=str(compiled_dir))

@@ -26,7 +26,7 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def test_good_file():
+def test_good_file() -> None:
     cfg = validate(load_file(str(CONF / "good.yaml")))
     assert cfg.llama.timeout_seconds == 1.5 and cfg.cache.min_prompt_tokens == 2048
     assert cfg.cache.miss_ratio == 0.1  # default kept
@@ -44,12 +44,12 @@ def test_good_file():
         ("bad-moved-key", "log.path is now llama.log_path"),
     ],
 )
-def test_bad_files_name_the_problem(name, message):
+def test_bad_files_name_the_problem(name: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message.replace(".", r"\.").replace("(", r"\(")):
         validate(load_file(str(CONF / f"{name}.yaml")))
 
 
-def test_flags_override_the_file():
+def test_flags_override_the_file() -> None:
     args = build_parser().parse_args(
         [
             "--config.file",
@@ -66,7 +66,7 @@ def test_flags_override_the_file():
 
 
 @pytest.mark.integration
-def test_config_check_exit_codes():
+def test_config_check_exit_codes() -> None:
     ok = cli("--config.check", "--config.file", str(CONF / "good.yaml"))
     assert ok.returncode == 0 and "valid" in ok.stdout
     bad = cli("--config.check", "--config.file", str(CONF / "bad-unknown-key.yaml"))
@@ -75,7 +75,7 @@ def test_config_check_exit_codes():
 
 
 @pytest.mark.integration
-def test_help_lists_every_setting():
+def test_help_lists_every_setting() -> None:
     out = cli("--help").stdout
     for flag in (
         "--llama.url",
@@ -97,7 +97,7 @@ def test_help_lists_every_setting():
 
 
 @pytest.mark.integration
-def test_input_and_own_log_flags_follow_the_exporter_toolkit_names(tmp_path):
+def test_input_and_own_log_flags_follow_the_exporter_toolkit_names(tmp_path: Path) -> None:
     """--log.* is the exporter's own log (as in every exporter-toolkit exporter); llama-server's
     log, the input, is --llama.log-*. The names used before still work, with a warning."""
     cfg = config_from_args(build_parser().parse_args(["--config.file", str(CONF / "good.yaml")]))
@@ -111,7 +111,7 @@ def test_input_and_own_log_flags_follow_the_exporter_toolkit_names(tmp_path):
 
 
 @pytest.mark.integration
-def test_api_key_from_file_or_env_never_printed(tmp_path):
+def test_api_key_from_file_or_env_never_printed(tmp_path: Path) -> None:
     key = tmp_path / "key"
     key.write_text("# comment\ns3cr3t-key\n")
     args = build_parser().parse_args(["--llama.api-key-file", str(key)])
@@ -144,7 +144,7 @@ def test_api_key_from_file_or_env_never_printed(tmp_path):
         (["--web.listen-address", "[::1:10938"], "web.listen_address"),
     ],
 )
-def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args, key):
+def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args, key: str) -> None:
     res = cli("--config.check", *args)
     assert res.returncode == 1 and key in res.stderr and "Traceback" not in res.stderr, res.stderr
 
@@ -158,7 +158,7 @@ def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args, key)
         ("cache:\n  hit_ratio: .nan\n", "cache"),
     ],
 )
-def test_infinite_and_nan_in_the_file_are_rejected(tmp_path, text, key):
+def test_infinite_and_nan_in_the_file_are_rejected(tmp_path: Path, text: str, key: str) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(text)
     res = cli("--config.check", "--config.file", str(f))
@@ -166,7 +166,7 @@ def test_infinite_and_nan_in_the_file_are_rejected(tmp_path, text, key):
 
 
 @pytest.mark.integration
-def test_a_binary_config_file_is_a_clear_error(tmp_path):
+def test_a_binary_config_file_is_a_clear_error(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_bytes(bytes(range(256)) * 4)
     res = cli("--config.check", "--config.file", str(f))
@@ -177,7 +177,7 @@ def test_a_binary_config_file_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize(
     "url", ["user:Pw0rd@127.0.0.1:8080", "http://user:Pw0rd@127.0.0.1:notaport", "ftp://u:Pw0rd@h"]
 )
-def test_config_check_never_prints_a_password_from_the_url(url):
+def test_config_check_never_prints_a_password_from_the_url(url: str) -> None:
     res = subprocess.run(
         [sys.executable, "-m", "llamacpp_exporter", "--config.check", "--llama.url", url],
         capture_output=True,
@@ -186,7 +186,7 @@ def test_config_check_never_prints_a_password_from_the_url(url):
     assert res.returncode != 0 and "Pw0rd" not in res.stdout + res.stderr, res.stderr
 
 
-def test_each_setting_is_declared_once_and_the_flags_help_and_checks_are_made_from_it():
+def test_each_setting_is_declared_once_and_the_flags_help_and_checks_are_made_from_it() -> None:
     from llamacpp_exporter.config import describe, settings
 
     parser = build_parser()
@@ -219,7 +219,7 @@ def test_each_setting_is_declared_once_and_the_flags_help_and_checks_are_made_fr
                     config_from_args(parser.parse_args([m["flag"], str(type(f.default)(below))]))
 
 
-def test_analyze_checks_its_flags_by_the_same_declarations(capsys):
+def test_analyze_checks_its_flags_by_the_same_declarations(capsys: pytest.CaptureFixture[str]) -> None:
     from llamacpp_exporter.offline import analyze
 
     log = str(Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log")
@@ -235,7 +235,7 @@ def readme_configuration() -> str:
 
 
 @pytest.mark.integration
-def test_the_readme_example_configuration_passes_config_check_on_a_clean_machine(tmp_path):
+def test_the_readme_example_configuration_passes_config_check_on_a_clean_machine(tmp_path: Path) -> None:
     f = tmp_path / "config.yaml"
     f.write_text(readme_configuration())
     env = {k: v for k, v in os.environ.items() if k not in ("LLAMA_API_KEY", "LLAMACPP_EXPORTER_SALT")}
@@ -244,7 +244,7 @@ def test_the_readme_example_configuration_passes_config_check_on_a_clean_machine
     assert res.stdout.strip() == "configuration is valid"
 
 
-def test_the_readme_example_shows_every_setting_and_each_has_a_flag():
+def test_the_readme_example_shows_every_setting_and_each_has_a_flag() -> None:
     # the keys shown commented out (files a clean machine does not have) count as shown
     shown = yaml.safe_load(re.sub(r"^(\s+)# (\w+:)", r"\1\2", readme_configuration(), flags=re.M))
     for section, f in settings():
@@ -252,7 +252,7 @@ def test_the_readme_example_shows_every_setting_and_each_has_a_flag():
         assert f.metadata["flag"] and f.metadata["flag"].startswith(f"--{section}."), f"{section}.{f.name}"
 
 
-def test_every_mistake_of_a_file_is_reported_at_once(tmp_path):
+def test_every_mistake_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     f = tmp_path / "config.yaml"
     f.write_text(
         "llama:\n  url: [http://a]\n  timeout_seconds: -1\n  bogus: 1\n"
@@ -274,7 +274,7 @@ def test_every_mistake_of_a_file_is_reported_at_once(tmp_path):
 
 
 @pytest.mark.integration
-def test_config_check_prints_one_line_per_mistake(tmp_path):
+def test_config_check_prints_one_line_per_mistake(tmp_path: Path) -> None:
     f = tmp_path / "config.yaml"
     f.write_text("llama:\n  timeout_seconds: -1\n  bogus: 1\ncache:\n  hit_ratio: 3\n")
     res = cli("--config.check", "--config.file", str(f))
@@ -283,7 +283,7 @@ def test_config_check_prints_one_line_per_mistake(tmp_path):
     assert len(lines) == 4 and all(line.startswith("llamacpp-exporter: configuration error: ") for line in lines), lines
 
 
-def test_help_lists_the_subcommands():
+def test_help_lists_the_subcommands() -> None:
     text = build_parser().format_help()
     for command in ("analyze", "top", "check-lora-restore"):
         assert re.search(rf"^  {command} +\S", text, re.M), command
@@ -311,7 +311,7 @@ CANARY = "CanaryPassw0rd"
     ],
     ids=lambda how: f"{how[0]}-{'-'.join(how[1:])[:40]}",
 )
-def test_a_password_in_any_configuration_reaches_no_message(tmp_path, how):
+def test_a_password_in_any_configuration_reaches_no_message(tmp_path: Path, how) -> None:
     kind, *rest = how
     rest = [r.format(pw=CANARY) for r in rest]
     args = ["--config.check"]
@@ -331,7 +331,7 @@ def test_a_password_in_any_configuration_reaches_no_message(tmp_path, how):
 
 
 @pytest.mark.integration
-def test_a_password_in_the_url_reaches_neither_the_log_at_debug_nor_ready(tmp_path):
+def test_a_password_in_the_url_reaches_neither_the_log_at_debug_nor_ready(tmp_path: Path) -> None:
     from realserver import ExporterProcess, free_port
 
     url = f"http://prometheus:{CANARY}@127.0.0.1:{free_port()}"
@@ -352,7 +352,7 @@ def test_a_password_in_the_url_reaches_neither_the_log_at_debug_nor_ready(tmp_pa
 
 
 @pytest.mark.integration
-def test_top_never_prints_the_password_of_the_url_it_cannot_read():
+def test_top_never_prints_the_password_of_the_url_it_cannot_read() -> None:
     from realserver import free_port
 
     res = cli("top", "--once", "--url", f"http://prometheus:{CANARY}@127.0.0.1:{free_port()}")
@@ -360,7 +360,7 @@ def test_top_never_prints_the_password_of_the_url_it_cannot_read():
     assert CANARY not in res.stdout + res.stderr
 
 
-def test_histogram_bounds_come_from_the_configuration_flags_and_file(tmp_path):
+def test_histogram_bounds_come_from_the_configuration_flags_and_file(tmp_path: Path) -> None:
     """metrics.*_buckets set the bounds the histograms are served with (+Inf added), from the
     file or a flag (which wins); a request slower than the last bound still lands in +Inf."""
     from prometheus_client import CollectorRegistry
@@ -409,7 +409,7 @@ def test_histogram_bounds_come_from_the_configuration_flags_and_file(tmp_path):
         ("fast", "expected a list of numbers"),
     ],
 )
-def test_bad_bucket_bounds_are_configuration_errors_naming_the_key(tmp_path, value, message):
+def test_bad_bucket_bounds_are_configuration_errors_naming_the_key(tmp_path: Path, value: str, message: str) -> None:
     f = tmp_path / "c.yaml"
     f.write_text(f"metrics:\n  latency_buckets: {value}\n")
     cfg, mistakes = load_file_and_mistakes(str(f))

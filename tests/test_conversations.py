@@ -15,7 +15,7 @@ from llamacpp_exporter.pipeline import Pipeline
 from llamacpp_exporter.records import RequestRecord
 
 
-def test_header_join_matches_every_request_of_the_recorded_runs():
+def test_header_join_matches_every_request_of_the_recorded_runs() -> None:
     ps = Pseudonymizer(SALT)
     for log in ("lv4-np2-text", "lv4-np2-jsonl"):
         recs = replay(log_lines(log + ".log"), ps)
@@ -26,7 +26,7 @@ def test_header_join_matches_every_request_of_the_recorded_runs():
     # launch order would have failed, the join by task-id rank does not
 
 
-def test_header_join_across_a_request_cancelled_before_it_launched():
+def test_header_join_across_a_request_cancelled_before_it_launched() -> None:
     """Recorded: one slot busy with a long request, a client without an id gives up while its
     request waits (task 2: "cancel task", never launched), another gives up too late (task 5
     launches anyway), then three requests with ids queue behind.
@@ -50,7 +50,7 @@ def test_header_join_across_a_request_cancelled_before_it_launched():
     assert [r.conversation_source for r in recs if r.task in (20, 30, 40)] == ["uncertain"] * 3
 
 
-def test_lineage_groups_conversations_without_ids():
+def test_lineage_groups_conversations_without_ids() -> None:
     for log in ("lv4-np2-text", "lv4-np2-jsonl"):
         lines = [re.sub(r"conv_id=[^ \\\"]+ \(empty=0\)", "conv_id= (empty=1)", ln) for ln in log_lines(log + ".log")]
         recs = replay(lines)
@@ -60,7 +60,7 @@ def test_lineage_groups_conversations_without_ids():
         assert len({g for _, g in pairs}) == 6
 
 
-def test_pseudonyms_are_salted_and_never_the_raw_id():
+def test_pseudonyms_are_salted_and_never_the_raw_id() -> None:
     a, b = Pseudonymizer("salt-a"), Pseudonymizer("salt-b")
     for raw in ("conv-1-0", "user@example.com", ""):
         assert a(raw) != raw and (not raw or raw not in a(raw))
@@ -69,7 +69,7 @@ def test_pseudonyms_are_salted_and_never_the_raw_id():
     assert Pseudonymizer().random_salt and not a.random_salt
 
 
-def test_a_kept_pseudonym_is_the_one_computed_afresh_and_the_kept_ones_are_bounded():
+def test_a_kept_pseudonym_is_the_one_computed_afresh_and_the_kept_ones_are_bounded() -> None:
     from llamacpp_exporter.assemble.pseudonyms import MAX_RECENT
 
     kept, fresh = Pseudonymizer("salt-a"), Pseudonymizer("salt-a")
@@ -79,7 +79,7 @@ def test_a_kept_pseudonym_is_the_one_computed_afresh_and_the_kept_ones_are_bound
     assert kept("conv-1") == fresh("conv-1") != Pseudonymizer("salt-b")("conv-1")
 
 
-def test_raw_ids_appear_nowhere_in_the_exposition_or_records():
+def test_raw_ids_appear_nowhere_in_the_exposition_or_records() -> None:
     reg = CollectorRegistry()
     recs: list[RequestRecord] = []
     pl = Pipeline(reg, on_record=recs.append, clock=lambda: 0.0, pseudonymize=Pseudonymizer(SALT))
@@ -105,7 +105,7 @@ def rec(conv: str, prefill: float = 1.0, wasted: int = 0, cause: str | None = No
     return r
 
 
-def test_cost_store_top_n_and_other():
+def test_cost_store_top_n_and_other() -> None:
     now = [1000.0]
     costs = ConversationCosts(window_seconds=600, top_n=2, clock=lambda: now[0])
     for name, cost in (("ca", 5.0), ("cb", 1.0), ("cc", 3.0), ("cd", 0.5)):
@@ -124,14 +124,14 @@ def test_cost_store_top_n_and_other():
     assert costs.snapshot() == []
 
 
-def test_cost_store_is_bounded():
+def test_cost_store_is_bounded() -> None:
     costs = ConversationCosts(max_conversations=100)
     for i in range(1000):
         costs.request(rec(f"c{i}"))
     assert len(costs.snapshot()) == 100
 
 
-def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment():
+def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment() -> None:
     # invented lines, shaped like -lv 4 output: a request rejected before its task existed
     # (HTTP 400: conv_id= logged, no task), then, 20 s later, two requests with ids
     def task(ts: str, tid: int, n: int) -> list[str]:
@@ -205,36 +205,36 @@ def conversations_of(*tasks: list[str]) -> list[tuple[str | None, str | None]]:
     return [(r.conversation, r.conversation_source) for r in sorted(replay(lines), key=lambda r: r.task)]
 
 
-def test_lineage_follows_an_id_less_conversation_that_continues_its_state():
+def test_lineage_follows_an_id_less_conversation_that_continues_its_state() -> None:
     (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, None), invented_task(2, 1, lcp(1.0), None))
     assert sa == sb == "lineage" and a == b
 
 
-def test_lineage_never_extends_a_conversation_that_sent_an_id():
+def test_lineage_never_extends_a_conversation_that_sent_an_id() -> None:
     # an id-less request (a health probe, another client) continuing a header conversation's state
     (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, "conv-a"), invented_task(2, 1, lcp(1.0), None))
     assert (sa, sb) == ("header", "lineage") and a != b
 
 
-def test_lineage_does_not_merge_conversations_that_only_share_a_prefix():
+def test_lineage_does_not_merge_conversations_that_only_share_a_prefix() -> None:
     # a second id-less client with the same long system prompt: it keeps 60% of the slot's state
     (a, _), (b, _) = conversations_of(invented_task(1, 0, LRU, None), invented_task(2, 1, lcp(0.6), None))
     assert a != b
 
 
-def test_a_pinned_request_is_not_a_continuation_of_the_slot_it_asked_for():
+def test_a_pinned_request_is_not_a_continuation_of_the_slot_it_asked_for() -> None:
     # id_slot says nothing about how much of the slot's state the request keeps
     (a, _), (b, _) = conversations_of(invented_task(1, 0, LRU, None), invented_task(2, 1, PINNED, None))
     assert a != b
 
 
-def test_a_client_reusing_a_conversation_prefix_under_its_own_id_keeps_its_id():
+def test_a_client_reusing_a_conversation_prefix_under_its_own_id_keeps_its_id() -> None:
     (a, sa), (b, sb) = conversations_of(invented_task(1, 0, LRU, "conv-a"), invented_task(2, 1, lcp(1.0), "conv-b"))
     ps = Pseudonymizer(SALT)
     assert (a, sa, b, sb) == (ps("id:conv-a"), "header", ps("id:conv-b"), "header")
 
 
-def test_the_scrapes_top_and_other_equal_the_sums_of_every_conversations_buckets():
+def test_the_scrapes_top_and_other_equal_the_sums_of_every_conversations_buckets() -> None:
     """The scrape reads running window totals (lazily expired) instead of summing every
     bucket of every conversation; over random traffic, clock steps, expiry and evictions they
     must equal the full sums of the snapshot."""

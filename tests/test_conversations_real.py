@@ -114,7 +114,7 @@ def attribution(truths: list[Truth], extra: Contention, recs: list[dict], ps: Ps
     return right, uncertain, wrong
 
 
-def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path):
+def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path: Path) -> None:
     truths, extra, recs, top, table, metrics, server_log, exp = run(parts, tmp_path, send_ids=True)
     ps = Pseudonymizer(SALT)
     long_id = ps("id:" + LONG_CONV)
@@ -148,7 +148,7 @@ def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path):
             assert raw not in out
 
 
-def test_lineage_groups_conversations_without_ids(parts, tmp_path):
+def test_lineage_groups_conversations_without_ids(parts, tmp_path: Path) -> None:
     truths, extra, recs, top, table, metrics, server_log, exp = run(parts, tmp_path, send_ids=False)
     pairs = match(recs, truths)
     assert all(r["conversation_source"] == "lineage" for _, r in pairs)

@@ -21,18 +21,18 @@ def load(f):
 
 
 @pytest.mark.integration
-def test_generated_dashboards_are_up_to_date():
+def test_generated_dashboards_are_up_to_date() -> None:
     res = subprocess.run([sys.executable, "-m", "mixin", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
-def test_three_dashboards_with_stable_unique_uids():
+def test_three_dashboards_with_stable_unique_uids() -> None:
     uids = [load(f)["uid"] for f in DASHBOARDS]
     assert sorted(uids) == ["llamacpp-contention", "llamacpp-overview", "llamacpp-prompt-cache"]
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_shape(path):
+def test_dashboard_shape(path) -> None:
     d = load(path)
     for key in ("uid", "title", "schemaVersion", "panels", "templating", "time", "tags"):
         assert key in d, key
@@ -68,7 +68,7 @@ def test_dashboard_shape(path):
                     assert window in ("$__rate_interval", "15m"), (p["title"], window)
 
 
-def test_stats_use_a_window_that_has_data_at_llamacpp_request_rates():
+def test_stats_use_a_window_that_has_data_at_llamacpp_request_rates() -> None:
     """A stat shows one number: over $__rate_interval (a few scrapes) it is mostly empty or
     zero at a few requests a minute. Stats use the alerts' 15 minutes."""
     for path in DASHBOARDS:
@@ -78,7 +78,7 @@ def test_stats_use_a_window_that_has_data_at_llamacpp_request_rates():
                     assert "$__rate_interval" not in t["expr"], (path.name, p["title"])
 
 
-def test_overview_leads_with_golden_signals_and_counts_dead_exporters():
+def test_overview_leads_with_golden_signals_and_counts_dead_exporters() -> None:
     """The first row is what users feel (vLLM's overview leads the same way): requests/s, tokens
     in and out, TTFT, time per token and end-to-end p95, error share, objective attainment;
     then the cache. Every stat says "no traffic" where there is nothing to compute."""
@@ -140,13 +140,13 @@ def _selectors(expr: str) -> list[str]:
     return re.findall(r"llamacpp_[a-z0-9_]+\{[^}]*\}", expr)
 
 
-def test_every_panel_selector_filters_job_and_instance():
+def test_every_panel_selector_filters_job_and_instance() -> None:
     for e in dashboard_expressions():
         bare = re.findall(r"\bllamacpp_[a-z0-9_]+(?![a-z0-9_{])", e.expr)
         assert not bare, f"{e.where}: metric without a selector: {bare}"
 
 
-def test_dashboards_only_use_exported_metrics():
+def test_dashboards_only_use_exported_metrics() -> None:
     exported = exported_metric_names()
     for e in dashboard_expressions():
         for m in metric_names(e.expr):
@@ -184,7 +184,7 @@ def _dropped(a, b, path: str = "") -> list[str]:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_round_trips_through_grafanas_schema_models(path):
+def test_dashboard_round_trips_through_grafanas_schema_models(path) -> None:
     """Decode with Grafana's own typed models (grafana-foundation-sdk) and encode again: a
     key Grafana's dashboard schema does not know would be dropped, a wrong type would fail."""
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -196,7 +196,7 @@ def test_dashboard_round_trips_through_grafanas_schema_models(path):
     assert [p["type"] for p in again["panels"]] == [p["type"] for p in d["panels"]]
 
 
-def test_provisioning_files():
+def test_provisioning_files() -> None:
     ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())
     assert ds["apiVersion"] == 1
     (d,) = ds["datasources"]
@@ -208,14 +208,14 @@ def test_provisioning_files():
 
 
 @pytest.fixture(scope="module")
-def empty_prometheus(tmp_path_factory):
+def empty_prometheus(tmp_path_factory: pytest.TempPathFactory):
     prom = Prometheus(tmp_path_factory.mktemp("prom-parse"), {"global": {"scrape_interval": "15s"}})
     yield prom
     prom.stop()
 
 
 @pytest.mark.integration
-def test_every_dashboard_query_is_valid_promql(empty_prometheus):
+def test_every_dashboard_query_is_valid_promql(empty_prometheus) -> None:
     for e in dashboard_expressions():
         res = empty_prometheus.query(e.promql)
         assert res["status"] == "success", f"{e.where}: {res.get('error')}"
@@ -224,7 +224,7 @@ def test_every_dashboard_query_is_valid_promql(empty_prometheus):
 BUILDERS = [ROOT / "mixin" / "rules.py", ROOT / "mixin" / "dashboards.py", ROOT / "mixin" / "kubernetes.py"]
 
 
-def test_every_fixed_window_comes_from_the_thresholds_file():
+def test_every_fixed_window_comes_from_the_thresholds_file() -> None:
     """The builders write no window of their own: each is an alert's, one of `windows:` in
     mixin/thresholds.yaml, or Grafana's $__rate_interval."""
     for path in BUILDERS:
@@ -232,7 +232,7 @@ def test_every_fixed_window_comes_from_the_thresholds_file():
         assert not fixed, f"{path.name}: {fixed}"
 
 
-def test_shared_figures_are_written_once_in_the_query_blocks():
+def test_shared_figures_are_written_once_in_the_query_blocks() -> None:
     """The RAM-path miss ratio, wrongful discards, time per output token, evicted misses and
     unparsed lines are computed by mixin/queries.py for the rules and the dashboards alike:
     neither builder spells the series they are made of."""
@@ -250,7 +250,7 @@ def test_shared_figures_are_written_once_in_the_query_blocks():
             assert series not in text, f"{path.name} writes {series} itself: use mixin/queries.py"
 
 
-def test_overview_has_the_latency_users_know_a_table_per_server_and_restart_marks():
+def test_overview_has_the_latency_users_know_a_table_per_server_and_restart_marks() -> None:
     d = load(ROOT / "dashboards" / "llamacpp-overview.json")
     panels = {p["title"]: p for p in d["panels"] if p["type"] != "row"}
     for title, metric in (
@@ -272,7 +272,7 @@ def test_overview_has_the_latency_users_know_a_table_per_server_and_restart_mark
     assert firing["expr"].startswith('ALERTS{alertstate="firing"')
 
 
-def test_the_server_table_colours_cells_past_thresholds_and_links_each_server_to_its_view():
+def test_the_server_table_colours_cells_past_thresholds_and_links_each_server_to_its_view() -> None:
     d = load(ROOT / "dashboards" / "llamacpp-overview.json")
     table = next(p for p in d["panels"] if p["type"] == "table")
     by_name = {
@@ -294,7 +294,7 @@ def test_the_server_table_colours_cells_past_thresholds_and_links_each_server_to
     assert table["fieldConfig"]["defaults"]["noValue"] == "no traffic"
 
 
-def test_quantile_panels_show_p95_p99_and_keep_a_window_that_holds_requests_at_low_traffic():
+def test_quantile_panels_show_p95_p99_and_keep_a_window_that_holds_requests_at_low_traffic() -> None:
     for path in DASHBOARDS:
         for p in load(path)["panels"]:
             exprs = [t["expr"] for t in p.get("targets", [])]
@@ -305,7 +305,7 @@ def test_quantile_panels_show_p95_p99_and_keep_a_window_that_holds_requests_at_l
                 assert p.get("interval") == "5m", p["title"]
 
 
-def test_rates_have_per_second_units():
+def test_rates_have_per_second_units() -> None:
     per_second = {"reqps", "ops", "cps", "suffix: tok/s", "suffix: lines/s", "suffix: errors/s"}
     for path in DASHBOARDS:
         for p in load(path)["panels"]:
@@ -316,7 +316,7 @@ def test_rates_have_per_second_units():
                 assert p["fieldConfig"]["defaults"]["unit"] in per_second, (path.name, p["title"])
 
 
-def test_all_jobs_means_the_exporters_jobs_not_every_job():
+def test_all_jobs_means_the_exporters_jobs_not_every_job() -> None:
     """Grafana's All with no allValue is the variable's own values joined: the jobs that export
     llamacpp_up. With allValue .+ the overview's "Servers down" counted every down target of
     every job Prometheus scrapes."""

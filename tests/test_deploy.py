@@ -32,14 +32,14 @@ def pinned(image: str) -> bool:
     return bool(name) and "/" not in tag and tag not in ("latest", "") and bool(re.search(r"\d", tag))
 
 
-def test_compose_images_are_pinned():
+def test_compose_images_are_pinned() -> None:
     for name, svc in SERVICES.items():
         assert "image" in svc, name
         assert pinned(svc["image"]), f"{name}: {svc['image']}"
     assert SERVICES["exporter"]["build"] == "."
 
 
-def test_compose_bind_mounts_exist():
+def test_compose_bind_mounts_exist() -> None:
     for name, svc in SERVICES.items():
         for v in svc.get("volumes", []):
             src = v.split(":", 1)[0]
@@ -55,7 +55,7 @@ def _arg(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
 
 
-def test_compose_wiring_agrees():
+def test_compose_wiring_agrees() -> None:
     llama = SERVICES["llama-server"]["command"]
     exp = SERVICES["exporter"]["command"]
     assert _arg(exp, "--llama.url") == f"http://llama-server:{_arg(llama, '--port')}"
@@ -83,13 +83,13 @@ def test_compose_wiring_agrees():
     assert f"./dashboards:{prov['providers'][0]['options']['path']}:ro" in SERVICES["grafana"]["volumes"]
 
 
-def test_rules_selector_matches_the_scrape_job():
+def test_rules_selector_matches_the_scrape_job() -> None:
     sel = yaml.safe_load((ROOT / "mixin/thresholds.yaml").read_text())["selector"]
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     assert sel == 'job="llamacpp"' and any(j["job_name"] == "llamacpp" for j in prom["scrape_configs"])
 
 
-def test_dockerfile_runs_non_root_and_exposes_the_port():
+def test_dockerfile_runs_non_root_and_exposes_the_port() -> None:
     text = (ROOT / "Dockerfile").read_text()
     user = re.search(r"^USER (\S+)", text, re.M)
     assert user and not user.group(1).startswith(("0", "root"))
@@ -106,11 +106,11 @@ def _promtool_check_config(path: Path) -> None:
     assert "2 rule files found" in res.stdout, res.stdout
 
 
-def test_prometheus_accepts_the_stack_config_as_shipped():
+def test_prometheus_accepts_the_stack_config_as_shipped() -> None:
     _promtool_check_config(ROOT / "deploy/prometheus/prometheus.yml")  # unchanged, in the repository
 
 
-def test_prometheus_accepts_the_stack_config_in_the_layout_compose_mounts(tmp_path):
+def test_prometheus_accepts_the_stack_config_in_the_layout_compose_mounts(tmp_path: Path) -> None:
     """The files where docker-compose.yml mounts them, under tmp_path as the container's root."""
     for v in SERVICES["prometheus"]["volumes"]:
         src, dst = v.split(":")[:2]
@@ -123,7 +123,7 @@ def test_prometheus_accepts_the_stack_config_in_the_layout_compose_mounts(tmp_pa
     _promtool_check_config(tmp_path / config.lstrip("/"))
 
 
-def test_alertmanager_accepts_its_config():
+def test_alertmanager_accepts_its_config() -> None:
     amtool = shutil.which("amtool")
     if amtool is None:
         pytest.fail("amtool is missing: the test set-up installs Debian's prometheus-alertmanager package")
@@ -137,7 +137,7 @@ def _kind(kind: str) -> list[dict]:
     return [d for d in K8S if d["kind"] == kind]
 
 
-def test_kubernetes_sidecar_wiring():
+def test_kubernetes_sidecar_wiring() -> None:
     (dep,) = _kind("Deployment")
     pod = dep["spec"]["template"]["spec"]
     containers = {c["name"]: c for c in pod["containers"]}
@@ -163,7 +163,7 @@ def test_kubernetes_sidecar_wiring():
     assert {g["name"] for g in rule["spec"]["groups"]} >= {"llamacpp.rules", "llamacpp.prompt-cache"}
 
 
-def test_monitoring_never_gates_serving_in_kubernetes():
+def test_monitoring_never_gates_serving_in_kubernetes() -> None:
     """A pod is Ready only when every container is: a readiness probe on a sidecar would take
     llama-server out of its Service when the exporter or the rotation fails."""
     (dep,) = _kind("Deployment")
@@ -188,7 +188,7 @@ CACHE = Path(
 COMPOSE_FILES = ["docker-compose.yml", "docker-compose.gpu.yml"]
 
 
-def test_compose_files_match_the_compose_spec_schema():
+def test_compose_files_match_the_compose_spec_schema() -> None:
     res = subprocess.run(
         [
             str(Path(sys.executable).parent / "check-jsonschema"),
@@ -203,7 +203,7 @@ def test_compose_files_match_the_compose_spec_schema():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_docker_compose_config_accepts_the_stack_and_its_gpu_variant():
+def test_docker_compose_config_accepts_the_stack_and_its_gpu_variant() -> None:
     """docker-compose's own `config` (Debian's docker-compose package): resolves variables,
     merges the GPU file, checks depends_on conditions against healthchecks. No engine needed."""
     exe = shutil.which("docker-compose")
@@ -222,7 +222,7 @@ def test_docker_compose_config_accepts_the_stack_and_its_gpu_variant():
     assert "-ngl" in merged["command"] and "--log-file" in merged["command"]
 
 
-def test_kubernetes_manifests_match_kubernetes_schemas():
+def test_kubernetes_manifests_match_kubernetes_schemas() -> None:
     res = subprocess.run(
         [str(Path(sys.executable).parent / "kubernetes-validate"), "--strict", "--quiet",
          *map(str, K8S_FILES)],
@@ -234,7 +234,7 @@ def test_kubernetes_manifests_match_kubernetes_schemas():
     assert {"Deployment", "Service", "ConfigMap"} <= kinds
 
 
-def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path):
+def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path: Path) -> None:
     node_modules = CACHE / "node" / "node_modules"
     assert (node_modules / "@kubernetes-models" / "prometheus-operator").is_dir(), "run tests/setup/setup.sh"
     script = CACHE / "node" / "validate_prometheus_operator.mjs"  # next to its node_modules: ESM resolves from there
@@ -264,7 +264,9 @@ def _validate_operator_objects(objs: list[dict]) -> subprocess.CompletedProcess:
     return subprocess.run(["node", str(script)], input=json.dumps(objs), capture_output=True, text=True)
 
 
-def test_the_kustomize_base_renders_everything_valid_and_the_dashboards_for_both_grafana_deliveries(tmp_path):
+def test_the_kustomize_base_renders_everything_valid_and_the_dashboards_for_both_grafana_deliveries(
+    tmp_path: Path,
+) -> None:
     """kubectl kustomize renders the base (and an overlay setting a namespace with the Grafana
     Operator component): every object valid against Kubernetes' schemas or its operator's CRD
     schema; the dashboards' ConfigMaps, labelled for kube-prometheus-stack's Grafana sidecar,
@@ -320,14 +322,14 @@ def test_the_kustomize_base_renders_everything_valid_and_the_dashboards_for_both
 
 
 # ---------------------------------------------------------------- the ninety-day points
-def test_operator_objects_carry_the_label_kube_prometheus_stack_selects():
+def test_operator_objects_carry_the_label_kube_prometheus_stack_selects() -> None:
     labels = yaml.safe_load((ROOT / "mixin/thresholds.yaml").read_text())["kubernetes_labels"]
     assert labels == {"release": "kube-prometheus-stack"}
     for d in _kind("PodMonitor") + _kind("ServiceMonitor") + _kind("PrometheusRule"):
         assert labels.items() <= d["metadata"]["labels"].items(), d["kind"]
 
 
-def test_compose_publishes_on_loopback_and_waits_for_healthy_dependencies():
+def test_compose_publishes_on_loopback_and_waits_for_healthy_dependencies() -> None:
     for name, svc in SERVICES.items():
         for p in svc.get("ports", []):
             assert p.startswith("${PUBLISH_ADDRESS:-127.0.0.1}:"), f"{name}: {p}"
@@ -341,7 +343,7 @@ def test_compose_publishes_on_loopback_and_waits_for_healthy_dependencies():
     assert "/-/ready" in " ".join(SERVICES["exporter"]["healthcheck"]["test"])
 
 
-def test_exporter_image_owns_its_data_directory():
+def test_exporter_image_owns_its_data_directory() -> None:
     """Docker fills a new named volume from the image's directory, owner included: /data must
     exist in the image and belong to the exporter's user, or the events file is never written."""
     text = (ROOT / "Dockerfile").read_text()
@@ -352,7 +354,7 @@ def test_exporter_image_owns_its_data_directory():
     assert events.startswith("/data/")
 
 
-def test_the_log_is_rotated_in_both_layouts():
+def test_the_log_is_rotated_in_both_layouts() -> None:
     rot = SERVICES["log-rotate"]
     assert "./deploy/logrotate/rotate.sh:/rotate.sh:ro" in rot["volumes"] and "llama-logs:/logs" in rot["volumes"]
     assert rot["environment"]["LOG"] == _arg(SERVICES["llama-server"]["command"], "--log-file")
@@ -369,7 +371,7 @@ def test_the_log_is_rotated_in_both_layouts():
     assert size_limit.endswith("Gi") and int(env["MAX_MB"]) * (1 + int(env["KEEP"])) < int(size_limit[:-2]) * 1024
 
 
-def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path):
+def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path: Path) -> None:
     """The shipped route and inhibitions in a real Alertmanager: fifty servers of one cluster
     down at once are one notification naming all fifty and their cluster; a flapping alert of a
     server that is down is inhibited, one of a server that is up is delivered, and so is one of
@@ -386,12 +388,12 @@ def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path):
     notifications: list[dict] = []
 
     class Hook(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self) -> None:  # noqa: N802
             notifications.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *a):
+        def log_message(self, *a) -> None:
             pass
 
     hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
@@ -487,7 +489,7 @@ def _busybox_path(tmp_path: Path) -> dict[str, str]:
     return {"PATH": str(bin_dir)}
 
 
-def test_rotate_sh_never_reads_the_hole_a_truncated_log_leaves(tmp_path):
+def test_rotate_sh_never_reads_the_hole_a_truncated_log_leaves(tmp_path: Path) -> None:
     """llama-server writes on at its old offset after the copytruncate: the log is a hole of
     several GB and then the new lines. rotate.sh must copy only those lines, without reading
     the hole (wc -c and busybox's tail did: 82 s and a core for 20 GB; tail fails above 4 GiB)."""
@@ -517,7 +519,7 @@ def test_rotate_sh_never_reads_the_hole_a_truncated_log_leaves(tmp_path):
     assert cpu < 1.0, f"{cpu:.2f} s of CPU: the hole was read"
 
 
-def test_the_log_rotate_health_check_sees_a_stopped_rotation(tmp_path):
+def test_the_log_rotate_health_check_sees_a_stopped_rotation(tmp_path: Path) -> None:
     log = tmp_path / "llama-server.log"
     log.write_bytes(b"x\n")
     env = {**_busybox_path(tmp_path), "LOG": str(log), "MAX_MB": "100"}

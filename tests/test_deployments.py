@@ -44,7 +44,7 @@ def _same_numbers(t: dict, r) -> bool:
 # ---------------------------------------------------------------- recorded logs
 
 
-def test_router_log_gives_each_child_its_own_pipeline_and_model():
+def test_router_log_gives_each_child_its_own_pipeline_and_model() -> None:
     recs, pl = replay_records(log_lines("router-two-models.log"))
     rows = truths("router-two-models.truth.jsonl")
     pairs = _matched(rows, recs, lambda t, r: r.model == t["model"] and _same_numbers_router(t, r))
@@ -68,7 +68,7 @@ def _same_numbers_router(t: dict, r) -> bool:
     return r.prompt_tokens == t["prompt_tokens"] and r.reused_tokens == t["cache_n"]
 
 
-def test_a_model_swapped_on_the_same_port_starts_its_own_pipeline():
+def test_a_model_swapped_on_the_same_port_starts_its_own_pipeline() -> None:
     # invented: the recorded router log, then the router spawning another model on alpha's port
     # (a swap) whose child starts afresh; alpha's records stay alpha's
     lines = log_lines("router-two-models.log")
@@ -84,7 +84,7 @@ def test_a_model_swapped_on_the_same_port_starts_its_own_pipeline():
     assert value(pl.registry, "llamacpp_exporter_server_restarts_total", {"model": "gamma"}) == 0
 
 
-def test_mixed_kinds_log_counts_embeddings_and_choices_for_what_they_are():
+def test_mixed_kinds_log_counts_embeddings_and_choices_for_what_they_are() -> None:
     ps = Pseudonymizer("a-test-salt")
     recs: list = []
     pl = Pipeline(registry=__import__("prometheus_client").CollectorRegistry(), on_record=recs.append, pseudonymize=ps)
@@ -167,7 +167,7 @@ def _loaded(url: str) -> set[str]:
 
 
 @pytest.mark.real_server
-def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(parts, tmp_path):
+def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(parts, tmp_path: Path) -> None:
     binary, model, _ = parts
     preset = tmp_path / "presets.ini"
     preset.write_text(
@@ -253,7 +253,7 @@ def _server_metric_models(text: str) -> set[str | None]:
 
 
 @pytest.mark.real_server
-def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path):
+def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path: Path) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--embeddings", "--pooling", "mean"])
     srv.start()
@@ -332,7 +332,7 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path):
     Path(tmp_path / "summary.json").write_text(json.dumps({"named": len(named)}))
 
 
-def test_a_task_that_skips_the_ram_cache_at_an_lru_selection_is_kept_out_of_its_figures():
+def test_a_task_that_skips_the_ram_cache_at_an_lru_selection_is_kept_out_of_its_figures() -> None:
     # invented from a recorded log: one LRU selection's RAM-cache update removed, as llama-server
     # logs an infill request (it caches prompts of completion tasks only, server-context.cpp
     # get_available_slot); the other requests keep their outcomes
@@ -358,7 +358,7 @@ def test_a_task_that_skips_the_ram_cache_at_an_lru_selection_is_kept_out_of_its_
 
 
 @pytest.mark.real_server
-def test_real_rerank_tasks_are_counted_apart_never_as_cancelled(parts, tmp_path):
+def test_real_rerank_tasks_are_counted_apart_never_as_cancelled(parts, tmp_path: Path) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--reranking"]).start()
     exp = None

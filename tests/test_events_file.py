@@ -19,7 +19,7 @@ from realserver import free_port
 pytestmark = pytest.mark.integration
 
 
-def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path):
+def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path: Path) -> None:
     path = tmp_path / "events.jsonl"
     script = textwrap.dedent(
         f"""
@@ -48,7 +48,7 @@ def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path):
     assert len(lines) == written and written + errors == 100 and errors > 0
 
 
-def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path):
+def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.export.events import EventsFile, events_files, written_records
@@ -81,7 +81,7 @@ def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path):
     assert newest <= written_records(str(path), tail_bytes=31 * line_bytes)
 
 
-def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path):
+def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.export.events import EventsFile, events_files
@@ -99,7 +99,7 @@ def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path)
     assert events_files(str(none_kept)) == [str(none_kept)] and none_kept.stat().st_size <= 4096
 
 
-def test_events_path_dash_writes_the_records_to_standard_output_and_no_file(tmp_path):
+def test_events_path_dash_writes_the_records_to_standard_output_and_no_file(tmp_path: Path) -> None:
     log = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
     truth = (log.parent / "lv4-np2-text.truth.jsonl").read_text().splitlines()
     proc = subprocess.Popen(
@@ -127,7 +127,7 @@ def test_events_path_dash_writes_the_records_to_standard_output_and_no_file(tmp_
     assert list(tmp_path.iterdir()) == []  # no file named "-", no "-.log-position"
 
 
-def test_a_proof_line_is_read_back_as_written_and_a_broken_one_is_refused(tmp_path):
+def test_a_proof_line_is_read_back_as_written_and_a_broken_one_is_refused(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
     from llamacpp_exporter.export.events import EventsFile

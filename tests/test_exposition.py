@@ -60,7 +60,7 @@ def _populated(log: str, registry: CollectorRegistry, scrape=None, every: int = 
 @pytest.mark.parametrize(
     "log", ["lv4-np2-text.log", "lv4-np1-seed-scenario.log", "lv3-np2-text.log", "router-two-models.log"]
 )
-def test_every_scrape_is_the_librarys_rendering_while_the_log_is_read(log):
+def test_every_scrape_is_the_librarys_rendering_while_the_log_is_read(log: str) -> None:
     # 60 scrapes while the log is read, each format in turn: a child kept from an earlier scrape that
     # changed since, or one removed (a router's model forgotten), shows as a difference
     reg = ExpositionRegistry()
@@ -79,7 +79,7 @@ def test_every_scrape_is_the_librarys_rendering_while_the_log_is_read(log):
     assert len(compared) >= 60
 
 
-def test_the_http_body_is_the_librarys_and_gzip_and_selections_still_work():
+def test_the_http_body_is_the_librarys_and_gzip_and_selections_still_work() -> None:
     reg = ExpositionRegistry()
     _populated("lv4-np2-text.log", reg)
     app = make_metrics_app(reg)
@@ -110,7 +110,7 @@ def test_the_http_body_is_the_librarys_and_gzip_and_selections_still_work():
     assert get("", method="POST")[0].startswith("405")
 
 
-def test_a_format_that_adds_families_of_its_own_is_rendered_whole():
+def test_a_format_that_adds_families_of_its_own_is_rendered_whole() -> None:
     # counters with a created time: the text format writes a family of _created samples after
     # the counter's, so a child cannot be cut out; the family is rendered whole instead
     def family(children):
@@ -128,7 +128,7 @@ def test_a_format_that_adds_families_of_its_own_is_rendered_whole():
     assert b"x_created" in whole
 
 
-def test_llama_servers_names_become_legacy_names():
+def test_llama_servers_names_become_legacy_names() -> None:
     # what negotiate() relies on: every name of llama-server's it re-exports is letters, digits
     # and underscores (invented names with characters a legacy name cannot hold)
     fams = rename_server_metrics(
@@ -142,7 +142,7 @@ def test_llama_servers_names_become_legacy_names():
     assert _legacy_name("9lives") == "_lives"
 
 
-def test_prometheus_clients_own_collectors_render_through_it():
+def test_prometheus_clients_own_collectors_render_through_it() -> None:
     reg = ExpositionRegistry()
     g = Gauge("plain_gauge", "A gauge.", ["k"], registry=reg)
     g.labels("x").set(3)
@@ -163,7 +163,7 @@ def _readme_metric_rows() -> list[tuple[list[str], str]]:
     return rows
 
 
-def test_the_readme_metrics_table_is_what_the_exporter_exports(tmp_path):
+def test_the_readme_metrics_table_is_what_the_exporter_exports(tmp_path: Path) -> None:
     from support import exported_families
 
     from llamacpp_exporter.export.web_config import WebConfigFile

@@ -65,13 +65,13 @@ CASES = [
 
 
 @pytest.mark.parametrize(("finding", "present", "severity", "absent"), CASES)
-def test_each_finding_on_recorded_real_runs(reports, finding, present, severity, absent):
+def test_each_finding_on_recorded_real_runs(reports, finding, present, severity, absent) -> None:
     assert _kinds(reports[present]).get(finding) == severity, reports[present]["findings"]
     for name in absent:
         assert finding not in _kinds(reports[name]), (name, reports[name]["findings"])
 
 
-def test_the_lora_restore_bug_is_told_with_its_counts_and_its_fix(reports):
+def test_the_lora_restore_bug_is_told_with_its_counts_and_its_fix(reports) -> None:
     rep = reports["lv4-np2-lora-events+events"]
     f = next(f for f in rep["findings"] if f["finding"] == "lora_restore_discard")
     assert f["evidence"]["discarded_lora_wrongful"] == rep["restores"]["all"]["discarded_lora_wrongful"] == 11
@@ -81,7 +81,7 @@ def test_the_lora_restore_bug_is_told_with_its_counts_and_its_fix(reports):
     assert rep["findings"][0] is f  # the most severe first
 
 
-def test_prefill_contention_names_the_conversations_that_cost_most(reports):
+def test_prefill_contention_names_the_conversations_that_cost_most(reports) -> None:
     rep = reports["lv4-np2-contention"]
     f = next(f for f in rep["findings"] if f["finding"] == "prefill_contention")
     top = rep["top_conversations"]["rows"][0]
@@ -112,7 +112,7 @@ def _severity(rep: dict, name: str) -> str | None:
     return _kinds({"findings": findings.findings(rep)}).get(name)
 
 
-def test_each_threshold_is_where_a_finding_starts(reports):
+def test_each_threshold_is_where_a_finding_starts(reports) -> None:
     base = reports["lv4-np2-text"]
     restores = base["restores"]["all"]
     at = lambda n: _with(base, ["restores", "all"], dict(restores, discarded_lora_wrongful=n))  # noqa: E731
@@ -156,7 +156,7 @@ def test_each_threshold_is_where_a_finding_starts(reports):
     assert _severity(tpot(n - 1, 0.01 * slow, n, 0.01), "prefill_contention") == "small_sample"
 
 
-def test_findings_in_every_format(reports, capsys):
+def test_findings_in_every_format(reports, capsys: pytest.CaptureFixture[str]) -> None:
     name = LOGS / "lv4-np2-lora-events"
     argv = [f"{name}.log", "--events", f"{name}.events.jsonl", "--min-prompt-tokens", "1"]
     outs = {}
@@ -177,7 +177,7 @@ def test_findings_in_every_format(reports, capsys):
     assert report.finding_lines({"findings": []}) == ["none: no finding passed its threshold"]
 
 
-def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports):
+def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports) -> None:
     rep = reports["lv4-np2-lora-events+events"]
     ram = rep["could_have_hit"]["miss_rate"]["ram"]
     assert ram["none"]["denominator"] and ram["active"]["denominator"]
@@ -193,7 +193,7 @@ def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports):
             assert not re.search(r"\s-[,.;)]", f["summary"]), (name, f["summary"])
 
 
-def test_advice_already_followed_is_not_given(reports):
+def test_advice_already_followed_is_not_given(reports) -> None:
     rep = reports["lv4-np2-text"]
     f = next(f for f in rep["findings"] if f["finding"] == "lora_state_unknown")
     assert "--events" in f["action"]  # a log alone: pass the events file

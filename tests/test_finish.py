@@ -19,7 +19,7 @@ GAVE_UP = [
 
 
 @pytest.mark.parametrize("name", GAVE_UP)
-def test_requests_that_never_started_are_the_arrivals_without_a_task(name):
+def test_requests_that_never_started_are_the_arrivals_without_a_task(name) -> None:
     lines = log_lines(name + ".log")
     recs, pl = replay_records(lines)
     arrivals = sum(1 for line in lines if "conv_id=" in line)
@@ -32,7 +32,7 @@ def test_requests_that_never_started_are_the_arrivals_without_a_task(name):
     assert finished["stop"] + finished["cancelled"] == ran
 
 
-def test_no_request_is_counted_as_never_started_on_a_server_where_every_request_ran():
+def test_no_request_is_counted_as_never_started_on_a_server_where_every_request_ran() -> None:
     for name in ("lv4-np2-text", "lv4-np2-contention", "router-two-models"):
         _, pl = replay_records(log_lines(name + ".log"))
         counted = [

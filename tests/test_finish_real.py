@@ -5,6 +5,8 @@ the exporter's llamacpp_requests_finished_total and its records must say the sam
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx
 import pytest
 from realserver import LlamaServer, llama_server_binary, model_files
@@ -29,7 +31,7 @@ def _cancel_while_streaming(url: str) -> None:
                 break
 
 
-def test_requests_stopped_truncated_and_cancelled_are_counted_as_the_responses_say(tmp_path):
+def test_requests_stopped_truncated_and_cancelled_are_counted_as_the_responses_say(tmp_path: Path) -> None:
     # 512 tokens of context and no context shift (llama-server's default): a generation that
     # reaches the end of the context stops there, truncated
     srv = LlamaServer(llama_server_binary(), model_files()[0], None, tmp_path / "srv", n_parallel=1, ctx=512).start()

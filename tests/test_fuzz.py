@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -53,7 +54,7 @@ def counted(pl: Pipeline) -> float:
 
 @FUZZ
 @given(st.text(max_size=300))
-def test_the_inner_parser_never_raises_on_any_text(line):
+def test_the_inner_parser_never_raises_on_any_text(line) -> None:
     # _parse_line, not parse_line: the guard around it turns any exception into a line counted
     # unrecognized, so only the inner function can show a parser bug
     assert p._parse_line(line).event is not None
@@ -61,13 +62,13 @@ def test_the_inner_parser_never_raises_on_any_text(line):
 
 @FUZZ
 @given(mutated_line())
-def test_the_inner_parser_never_raises_on_mutated_real_lines(line):
+def test_the_inner_parser_never_raises_on_mutated_real_lines(line) -> None:
     assert p._parse_line(line).event is not None
 
 
 @FUZZ
 @given(mutated_line())
-def test_the_usual_line_is_read_as_the_general_path_reads_it(line):
+def test_the_usual_line_is_read_as_the_general_path_reads_it(line) -> None:
     """parse._usual_line reads the usual line a character at a time; on any line without
     control characters (which only the general path looks for) it must give what the general
     path's regular expressions give: the timestamp, the level, the tag, the ids and the event."""
@@ -75,7 +76,7 @@ def test_the_usual_line_is_read_as_the_general_path_reads_it(line):
     assert p._parse_line(line) == p._parse_general(line)
 
 
-def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_reads_it():
+def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_reads_it() -> None:
     """Every edit of one character of the prefix (dropped, doubled, or replaced by a digit, the
     characters either side of the digits, a space, a sign, a dot, a letter, a tab, a newline or
     a non-ASCII digit) of a real line of each shape: where reading a character at a time would
@@ -100,11 +101,11 @@ def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_
                 assert p._parse_line(edited) == p._parse_general(edited), edited
 
 
-def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch):
+def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the snapshot fuzzing asserts can fail: an exception there is counted, not only logged."""
     from llamacpp_exporter.assemble.assembler import Assembler
 
-    def broken(self, snap):
+    def broken(self, snap) -> None:
         raise ValueError("a bug")
 
     monkeypatch.setattr(Assembler, "feed_snapshot", broken)
@@ -115,7 +116,7 @@ def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch):
 
 @FUZZ
 @given(st.lists(mutated_line(), min_size=1, max_size=60))
-def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines):
+def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     for i, line in enumerate(lines):
         pl.process_line(line, i * 0.01)
@@ -126,7 +127,7 @@ def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines):
 
 @FUZZ
 @given(st.lists(st.sampled_from(REAL), min_size=20, max_size=200), st.data())
-def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines, data):
+def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines, data) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     for i, line in enumerate(lines):
         pl.process_line(line, i * 0.01)
@@ -142,7 +143,7 @@ def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines,
 
 @FUZZ
 @given(st.binary(max_size=4000), st.integers(16, 512))
-def test_splitter_accounts_for_every_byte_line(data, max_line):
+def test_splitter_accounts_for_every_byte_line(data, max_line) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     splitter = LineSplitter(pl.process_line, pl.oversized_line, max_line)
     splitter.feed(data)

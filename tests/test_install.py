@@ -243,7 +243,7 @@ def _replays_a_recorded_log(
     return exp.stderr_path.read_text(), text
 
 
-def test_readme_install_with_a_compiler_compiles_the_log_reading_and_the_exporter_runs(installs):
+def test_readme_install_with_a_compiler_compiles_the_log_reading_and_the_exporter_runs(installs) -> None:
     inst = installs["readme-compiled"]
     assert any("log reading compiled" in line for line in inst.build_lines()), inst.build_lines()
     assert _log_reading(inst.exporter) == "compiled"
@@ -252,7 +252,7 @@ def test_readme_install_with_a_compiler_compiles_the_log_reading_and_the_exporte
     print(f"README install, compiled ({Path(NEWEST_PYTHON).name}): {inst.seconds:.0f} s")
 
 
-def test_readme_install_without_a_compiler_is_the_pure_package_and_the_exporter_runs(installs):
+def test_readme_install_without_a_compiler_is_the_pure_package_and_the_exporter_runs(installs) -> None:
     inst = installs["readme-pure"]
     assert inst.build_lines() == [
         "llamacpp-exporter build: pure Python package (no C compiler: gcc or build-essential would compile the log reading)"
@@ -262,7 +262,7 @@ def test_readme_install_without_a_compiler_is_the_pure_package_and_the_exporter_
     print(f"README install, pure: {inst.seconds:.0f} s")
 
 
-def test_the_oldest_python_the_package_claims_installs_and_runs_it(installs):
+def test_the_oldest_python_the_package_claims_installs_and_runs_it(installs) -> None:
     inst = installs["readme-pure-oldest"]
     version = subprocess.run(
         [inst.python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
@@ -273,7 +273,7 @@ def test_the_oldest_python_the_package_claims_installs_and_runs_it(installs):
     _replays_a_recorded_log(inst.exporter, inst.log.parent / "run", env=without_compiler(inst.python))
 
 
-def test_an_editable_install_is_the_source_itself(installs):
+def test_an_editable_install_is_the_source_itself(installs) -> None:
     inst = installs["editable"]
     assert _log_reading(inst.exporter) == "pure Python"  # a compiled module would hide edits
     where = subprocess.run(
@@ -288,7 +288,7 @@ def test_an_editable_install_is_the_source_itself(installs):
 
 
 @pytest.mark.parametrize("how", ["type-check-fails", "compiler-fails"])
-def test_a_compile_that_cannot_be_done_leaves_the_pure_package_with_one_line(installs, how):
+def test_a_compile_that_cannot_be_done_leaves_the_pure_package_with_one_line(installs, how: str) -> None:
     inst = installs[how]
     lines = inst.build_lines()
     assert len(lines) == 1 and lines[0].startswith("llamacpp-exporter build: pure Python package ("), lines
@@ -297,7 +297,7 @@ def test_a_compile_that_cannot_be_done_leaves_the_pure_package_with_one_line(ins
     assert "py3-none-any.whl" in inst.log.read_text()  # the wheel is tagged as what it holds
 
 
-def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(installs):
+def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(installs) -> None:
     d = installs["docker"]
     assert not d["wheel"].name.endswith("-none-any.whl"), d["wheel"].name  # compiled in the build stage
     exporter = d["python"].parent / "llamacpp-exporter"
@@ -309,7 +309,7 @@ def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(install
     print(f"Dockerfile build stage (compiled, or cached by its source): {d['build_seconds']:.0f} s")
 
 
-def test_the_dockerfile_copies_what_the_build_needs_and_its_command_is_valid():
+def test_the_dockerfile_copies_what_the_build_needs_and_its_command_is_valid() -> None:
     d = dockerfile()
     assert set(d["copy"]) >= {"pyproject.toml", "setup.py", "README.md", "exporter"}
     text = (ROOT / "Dockerfile").read_text()
@@ -319,7 +319,7 @@ def test_the_dockerfile_copies_what_the_build_needs_and_its_command_is_valid():
     build_parser().parse_args(cmd)  # an unknown flag exits
 
 
-def test_hadolint_finds_nothing_in_the_dockerfile(tmp_path):
+def test_hadolint_finds_nothing_in_the_dockerfile(tmp_path: Path) -> None:
     hadolint = Path(sys.executable).parent / "hadolint"
     run = subprocess.run([hadolint, ROOT / "Dockerfile"], capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
@@ -330,7 +330,7 @@ def test_hadolint_finds_nothing_in_the_dockerfile(tmp_path):
     assert found.returncode != 0 and "DL3003" in found.stdout, found.stdout
 
 
-def test_the_release_sdist_and_wheel_are_complete_and_install_from_the_sdist_alone(installs):
+def test_the_release_sdist_and_wheel_are_complete_and_install_from_the_sdist_alone(installs) -> None:
     r = installs["release"]
     assert r["twine"].returncode == 0, r["twine"].stdout + r["twine"].stderr
     assert r["twine"].stdout.count("PASSED") == 2, r["twine"].stdout

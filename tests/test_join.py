@@ -46,7 +46,7 @@ def attribution(log: str) -> tuple[int, int, int, list]:
 @pytest.mark.parametrize(
     "log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine", "lv4-np2-starved", "lv4-np1-cancelled"]
 )
-def test_recorded_logs_no_request_is_named_after_another(log):
+def test_recorded_logs_no_request_is_named_after_another(log: str) -> None:
     right, uncertain, wrong, _ = attribution(log)
     print(f"{log}: {right} right, {uncertain} uncertain, {wrong} wrong")
     assert wrong == 0
@@ -81,14 +81,14 @@ def test_recorded_logs_no_request_is_named_after_another(log):
         ("b11549-lv4-np2-chats", 24, 0),
     ],
 )
-def test_clients_with_ids_that_give_up_while_queued(log, named, uncertain):
+def test_clients_with_ids_that_give_up_while_queued(log: str, named: int, uncertain: int) -> None:
     right, unsure, wrong, _ = attribution(log)
     total = right + unsure + wrong
     print(f"{log}: {right} named right, {unsure} uncertain, {wrong} wrong of {total} requests with an id")
     assert (right, unsure, wrong) == (named, uncertain, 0)
 
 
-def test_slow_machine_recording_every_request_right():
+def test_slow_machine_recording_every_request_right() -> None:
     """The run in which the old join named the wrong conversation for 6 of 19 requests: a
     2,372-token prefill blocks the server for 21 s, ids jump (19, 36, 49, 50, 369, ...),
     deferred tasks launch up to 18 s after tasks with larger ids, and two id-less clients
@@ -162,13 +162,13 @@ class Run:
         return self.j.result(task)
 
 
-def test_ids_taken_in_arrival_order_are_joined_by_rank():
+def test_ids_taken_in_arrival_order_are_joined_by_rank() -> None:
     # INVENTED: two chat requests, each settled by its "chat format" line before the next arrives
     r = Run().arrive("A").chat_format().launch(3, 0).arrive("B").chat_format().launch(7, 1)
     assert r.res(3) == (HEADER, "A") and r.res(7) == (HEADER, "B")
 
 
-def test_two_requests_tokenizing_at_once_are_uncertain_not_swapped():
+def test_two_requests_tokenizing_at_once_are_uncertain_not_swapped() -> None:
     # INVENTED: B arrives while A is still tokenizing (no "chat format" line between); the
     # HTTP threads may take their ids in either order (rule 2), so neither task is named
     r = Run().arrive("A").arrive("B").chat_format().chat_format().launch(3, 0).launch(4, 1)
@@ -177,13 +177,13 @@ def test_two_requests_tokenizing_at_once_are_uncertain_not_swapped():
     assert r.res(3) == (UNCERTAIN, "") and r.res(4) == (UNCERTAIN, "")
 
 
-def test_overlapping_requests_of_one_conversation_are_still_named():
+def test_overlapping_requests_of_one_conversation_are_still_named() -> None:
     # INVENTED: the same overlap, but both requests carry the same id: either order is right
     r = Run().arrive("A").arrive("A").chat_format().chat_format().launch(3, 0).launch(4, 1)
     assert r.res(3) == (HEADER, "A") and r.res(4) == (HEADER, "A")
 
 
-def test_a_chat_format_line_settles_only_a_lone_request():
+def test_a_chat_format_line_settles_only_a_lone_request() -> None:
     # INVENTED: A (a /completion: no "chat format" line) then B arrive; the line that follows
     # is B's, or A's if A is a chat request: nothing is settled, the pair stays uncertain
     r = Run().arrive("A").arrive("B").chat_format().launch(3, 0).launch(4, 1)
@@ -191,7 +191,7 @@ def test_a_chat_format_line_settles_only_a_lone_request():
     assert r.res(3) == (UNCERTAIN, "") and r.res(4) == (UNCERTAIN, "")
 
 
-def test_a_slot_search_that_defers_settles_the_request():
+def test_a_slot_search_that_defers_settles_the_request() -> None:
     # INVENTED: /completion requests (no "chat format"). A is deferred (both slots busy): as
     # many tasks exist as arrivals, so A has its id before B arrives; B's task launches first
     r = Run()
@@ -202,7 +202,7 @@ def test_a_slot_search_that_defers_settles_the_request():
     assert [r.res(t) for t in (0, 1, 5, 9)] == [(HEADER, "L0"), (HEADER, "L1"), (HEADER, "A"), (HEADER, "B")]
 
 
-def test_deferred_tasks_launching_after_larger_ids_keep_their_rank():
+def test_deferred_tasks_launching_after_larger_ids_keep_their_rank() -> None:
     # INVENTED, the shape of the slow-machine recording: slot 1 busy with a long prefill.
     # A (pinned to slot 1) is deferred; B and C (unpinned) are deferred while slot 0 is busy;
     # slot 0's release sends A back first (no task pinned to slot 0), A is deferred again;
@@ -222,7 +222,7 @@ def test_deferred_tasks_launching_after_larger_ids_keep_their_rank():
     assert [r.res(t) for t in (10, 12, 20, 30)] == [(HEADER, "A"), (HEADER, "B"), (HEADER, "C"), (HEADER, "D")]
 
 
-def test_a_cancel_line_that_may_not_be_a_request_makes_later_tasks_uncertain():
+def test_a_cancel_line_that_may_not_be_a_request_makes_later_tasks_uncertain() -> None:
     # INVENTED: A (a /completion, no "chat format") arrives while the main loop is busy; a
     # "cancel task" line names an id that never launched: A's cancelled task, or another
     # client's /slots request (rule 6). If the latter, A may still be tokenizing and take an
@@ -235,7 +235,7 @@ def test_a_cancel_line_that_may_not_be_a_request_makes_later_tasks_uncertain():
     assert r.res(5) == (UNCERTAIN, "")
 
 
-def test_an_old_request_counts_as_having_its_id():
+def test_an_old_request_counts_as_having_its_id() -> None:
     # INVENTED: the same, but B arrives ID_DELAY_US after A: A has taken its id by then (rule
     # 2: only tokenizing lies between), so A and B are no longer one cluster. B's rank is
     # still ambiguous by one (task 2 may be A's or not), so with two names it stays uncertain,
@@ -246,19 +246,19 @@ def test_an_old_request_counts_as_having_its_id():
     assert r.res(5) == (HEADER, "A")
 
 
-def test_more_tasks_than_requests_is_uncertain():
+def test_more_tasks_than_requests_is_uncertain() -> None:
     # INVENTED: a task launches with no arrival line for it (an embedding task, or a line the
     # exporter lost): its rank points past the arrivals
     r = Run().arrive("A").chat_format().launch(3, 0).launch(4, 1)
     assert r.res(3) == (HEADER, "A") and r.res(4) == (UNCERTAIN, "")
 
 
-def test_a_request_sent_without_an_id_is_none_not_uncertain():
+def test_a_request_sent_without_an_id_is_none_not_uncertain() -> None:
     r = Run().arrive("").chat_format().launch(3, 0)
     assert r.res(3) == (NONE, "")
 
 
-def test_an_arrival_that_never_gets_a_task_is_dropped_after_an_idle_spell():
+def test_an_arrival_that_never_gets_a_task_is_dropped_after_an_idle_spell() -> None:
     # INVENTED: A is rejected before its task exists (HTTP 400); B's task can then not be
     # placed (A may still take an id) until the server has been idle long enough
     r = Run().arrive("A").at(50).arrive("B").chat_format().launch(3, 0)
@@ -270,7 +270,7 @@ def test_an_arrival_that_never_gets_a_task_is_dropped_after_an_idle_spell():
     assert r.res(7) == (HEADER, "C")  # after the realignment, exact again
 
 
-def test_attached_mid_stream_nothing_is_named_until_realigned():
+def test_attached_mid_stream_nothing_is_named_until_realigned() -> None:
     j = HeaderJoin()  # no start banner seen
     j.n_slots = 1
     j.arrival("A", 0, True)
@@ -284,7 +284,7 @@ def test_attached_mid_stream_nothing_is_named_until_realigned():
     assert j.result(9) == (HEADER, "B")
 
 
-def test_history_is_dropped_once_every_request_is_accounted_for():
+def test_history_is_dropped_once_every_request_is_accounted_for() -> None:
     r = Run()
     for i in range(100):
         r.at(i * 10).arrive(f"c{i}").chat_format().launch(i * 3, 0).release(0)
@@ -292,7 +292,7 @@ def test_history_is_dropped_once_every_request_is_accounted_for():
     assert len(r.j._arrivals) <= 1 and len(r.j._definite) <= 1  # rebased after each request
 
 
-def test_a_doubt_on_a_server_that_is_never_idle_is_bounded_and_ends_at_the_next_idle_line():
+def test_a_doubt_on_a_server_that_is_never_idle_is_bounded_and_ends_at_the_next_idle_line() -> None:
     # INVENTED: as below, but a cancel line early on that may be a request's (it never becomes
     # a task we see): the oldest ranks can never be exact, so the history is not pruned; past
     # MAX_ARRIVALS the join forgets it (those tasks uncertain, none named wrong) and aligns
@@ -316,7 +316,7 @@ def test_a_doubt_on_a_server_that_is_never_idle_is_bounded_and_ends_at_the_next_
     assert r.j.aligned and r.res(task + 10) == (HEADER, "late")
 
 
-def test_a_server_that_is_never_idle_keeps_its_join_and_bounded_state():
+def test_a_server_that_is_never_idle_keeps_its_join_and_bounded_state() -> None:
     # INVENTED: 6,000 requests on 2 slots, one request always waiting in the deferred queue
     # (so the join never starts afresh): the oldest history is pruned as it settles
     r = Run()

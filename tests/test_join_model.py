@@ -279,7 +279,7 @@ def run_seeds(n_slots: int, mix: Mix, seeds: int = 150) -> Tally:
 # Floors: what these seeds give today (printed), less about a point (the model is deterministic:
 # a change that lowers one changes what the join can prove, to be looked at, not a flake).
 @pytest.mark.parametrize("n_slots,floor", [(1, 0.13), (2, 0.16), (4, 0.15)])
-def test_the_join_never_names_the_wrong_request(n_slots, floor):
+def test_the_join_never_names_the_wrong_request(n_slots: int, floor: float) -> None:
     """Everything at once: /completion requests (no line after their id), pinned requests,
     clients giving up, rejected requests, slow tokenizing, other clients' cancel lines, long
     batches, and no continuation to help. Most tasks cannot be proven; none may be named wrong."""
@@ -289,7 +289,7 @@ def test_the_join_never_names_the_wrong_request(n_slots, floor):
 
 
 @pytest.mark.parametrize("n_slots", [1, 2, 4])
-def test_chat_clients_are_named(n_slots):
+def test_chat_clients_are_named(n_slots: int) -> None:
     """Chat clients (every request logs "chat format" after its id), pinned requests, long
     batches, no continuation: what stays uncertain is requests that took their ids within each
     other's tokenizing (a cluster) with different ids and nothing else telling them apart."""
@@ -299,7 +299,7 @@ def test_chat_clients_are_named(n_slots):
 
 
 @pytest.mark.parametrize("continues,floor", [(0.0, 0.88), (0.8, 0.96)])
-def test_cancelled_chat_requests_cost_little_coverage(continues, floor):
+def test_cancelled_chat_requests_cost_little_coverage(continues: float, floor: float) -> None:
     """5% of clients give up and llama-server cancels their queued tasks: a cancel line may be
     another client's /slots request. Every way the deferred queue can then be is followed, the
     next "all slots are idle" line ends the doubt, and a task continuing a named one's state is
@@ -313,7 +313,7 @@ CHAT_MIX = Mix(**{**MIXED.__dict__, "chat": 1.0})
 
 
 @pytest.mark.parametrize("n_slots,floor", [(1, 0.92), (2, 0.96), (4, 0.96)])
-def test_a_multi_user_chat_server_is_named(n_slots, floor):
+def test_a_multi_user_chat_server_is_named(n_slots: int, floor: float) -> None:
     """Issue 18's server: chat clients with and without ids, some pinned, a tenth giving up
     while queued, other clients' /slots polls timing out, conversations continuing their state:
     on 2 and 4 slots over 96% of the requests that sent an id are named with it, none wrong.
@@ -324,7 +324,7 @@ def test_a_multi_user_chat_server_is_named(n_slots, floor):
 
 
 @pytest.mark.parametrize("n_slots,floor", [(1, 0.67), (2, 0.71), (4, 0.74)])
-def test_completion_clients_that_give_up_leave_doubt(n_slots, floor):
+def test_completion_clients_that_give_up_leave_doubt(n_slots: int, floor: float) -> None:
     """The same with a fifth of the traffic on /completion: such a request logs nothing after
     its id, so until its task is tried it may still be tokenizing (up to ID_DELAY_US), and a
     give-up's cancel line leaves the count of tried tasks short. Arrivals within that time form
@@ -345,7 +345,7 @@ def test_completion_clients_that_give_up_leave_doubt(n_slots, floor):
     [(CHAT, 2, 0.33), (CHAT_CANCELS, 2, 0.22), (MIXED, 1, 0.41), (MIXED, 2, 0.47), (MIXED, 4, 0.46)],
     ids=["chat-2", "chat-cancels-2", "mixed-1", "mixed-2", "mixed-4"],
 )
-def test_without_chat_format_lines_as_b11549_logs_never_wrong_and_named_above_the_floor(mix, n_slots, floor):
+def test_without_chat_format_lines_as_b11549_logs_never_wrong_and_named_above_the_floor(mix, n_slots, floor) -> None:
     t = run_seeds(n_slots, Mix(**{**mix.__dict__, "chat": 0.0}))
     print(f"without chat-format lines (b11549), {n_slots} slots: {t}")
     assert t.coverage(True) >= floor

@@ -32,7 +32,7 @@ def _pairs(name: str):
 
 
 @pytest.mark.parametrize("name", TIMED)
-def test_end_to_end_latency_is_what_the_client_measured(name):
+def test_end_to_end_latency_is_what_the_client_measured(name) -> None:
     pairs, _ = _pairs(name)
     known = [(t, r) for t, r in pairs if r["queue_seconds"] is not None]
     for t, r in known:
@@ -48,7 +48,7 @@ def test_end_to_end_latency_is_what_the_client_measured(name):
     assert len(known) >= 0.4 * len(pairs), f"{name}: {len(known)} of {len(pairs)} known"
 
 
-def test_the_unknowns_are_rare_and_long_queues_are_measured():
+def test_the_unknowns_are_rare_and_long_queues_are_measured() -> None:
     known = total = 0
     longest = 0.0
     for name in TIMED:
@@ -62,7 +62,7 @@ def test_the_unknowns_are_rare_and_long_queues_are_measured():
     assert longest > 20  # the starved runs queued requests for tens of seconds
 
 
-def test_latency_histograms_count_what_is_known_and_the_rest_as_unknown():
+def test_latency_histograms_count_what_is_known_and_the_rest_as_unknown() -> None:
     recs, pl = replay_records(log_lines("lv4-np2-impatient-ids-starved.log"))
     done = [
         r for r in recs if r.kind == "completion" and not ((r.cancelled or r.failed) and r.generated_tokens is None)
@@ -78,7 +78,7 @@ def test_latency_histograms_count_what_is_known_and_the_rest_as_unknown():
     )
 
 
-def test_below_lv4_no_arrival_is_seen_and_every_request_is_unknown():
+def test_below_lv4_no_arrival_is_seen_and_every_request_is_unknown() -> None:
     recs, pl = replay_records(log_lines("lv3-np2-text.log"))
     assert recs and all(r.queue_seconds is None for r in recs)
     assert pl.registry.get_sample_value("llamacpp_request_latency_unknown_total", {"model": ""}) == len(recs)

@@ -7,6 +7,7 @@ waited over the objectives."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -29,7 +30,7 @@ def _tokens_for(url: str, seconds: float) -> int:
     return max(64, min(1024, int(seconds * timings["predicted_per_second"])))
 
 
-def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(tmp_path):
+def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(tmp_path: Path) -> None:
     binary, (model, lora) = llama_server_binary(), model_files()
     slow = LlamaServer(binary, model, lora, tmp_path / "slow", n_parallel=1, ctx=4096, threads=1, cpus="1").start()
     healthy = LlamaServer(binary, model, lora, tmp_path / "healthy", n_parallel=2, threads=1, cpus="0").start()

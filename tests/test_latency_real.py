@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
@@ -35,7 +36,7 @@ def _stream(url: str, conv: str, words: int, out: list, lock: threading.Lock) ->
         out.append({"conv": conv, "ttft": first - t0, "e2e": end - t0, **timings})
 
 
-def test_streaming_clients_see_the_time_to_first_token_and_latency_the_exporter_reports(tmp_path):
+def test_streaming_clients_see_the_time_to_first_token_and_latency_the_exporter_reports(tmp_path: Path) -> None:
     srv = LlamaServer(llama_server_binary(), *model_files(), tmp_path / "srv", n_parallel=1).start()
     exp = None
     try:

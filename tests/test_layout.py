@@ -47,7 +47,7 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
-def test_each_part_imports_only_what_sits_below_it():
+def test_each_part_imports_only_what_sits_below_it() -> None:
     wrong = []
     for path in sorted(PKG.rglob("*.py")):
         part = _part(path)
@@ -59,14 +59,14 @@ def test_each_part_imports_only_what_sits_below_it():
     assert not wrong, wrong
 
 
-def test_the_folders_are_the_stages():
+def test_the_folders_are_the_stages() -> None:
     folders = {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert folders == {"sources", "assemble", "export", "offline", "live"}
     for f in folders:
         assert ast.get_docstring(ast.parse((PKG / f / "__init__.py").read_text())), f"{f}/ says what it is"
 
 
-def test_parsing_and_assembly_never_speak_prometheus():
+def test_parsing_and_assembly_never_speak_prometheus() -> None:
     """Parsing, assembly and the router demux make plain facts; the metrics Prometheus reads
     are declared in export/ (sources/ count their own reads and polls)."""
     wrong = []

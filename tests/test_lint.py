@@ -12,19 +12,19 @@ ROOT = Path(__file__).resolve().parent.parent
 PATHS = ["exporter", "tests", "benchmarks", "mixin"]
 
 
-def test_ruff_lint():
+def test_ruff_lint() -> None:
     res = subprocess.run([sys.executable, "-m", "ruff", "check", *PATHS], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_ruff_format():
+def test_ruff_format() -> None:
     res = subprocess.run(
         [sys.executable, "-m", "ruff", "format", "--check", *PATHS], cwd=ROOT, capture_output=True, text=True
     )
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_types():
+def test_types() -> None:
     """mypy over the package (settings in pyproject.toml): the types the code states hold."""
     res = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr

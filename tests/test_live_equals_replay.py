@@ -85,7 +85,7 @@ def follow(tmp_path: Path, lines: list[str], written_before: int, expect: int) -
 
 
 @pytest.mark.parametrize("name", LOGS_TRIED)
-def test_followed_live_the_records_are_those_of_a_replay(name, tmp_path):
+def test_followed_live_the_records_are_those_of_a_replay(name, tmp_path: Path) -> None:
     lines = (LOGS / f"{name}.log").read_text(errors="replace").splitlines()
     want = {key(r): r for r in replayed(lines)}
     got = {key(r): r for r in follow(tmp_path, lines, 0, len(want))}
@@ -97,7 +97,7 @@ def test_followed_live_the_records_are_those_of_a_replay(name, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["lv4-np2-impatient-ids", "lv4-np2-starved"])
-def test_started_while_the_server_runs_it_knows_what_a_replay_knows(name, tmp_path):
+def test_started_while_the_server_runs_it_knows_what_a_replay_knows(name: str, tmp_path: Path) -> None:
     """Started at the log's end with no saved position (a new user's first start): the
     exporter reads the server run again from its start banner, counts none of those requests,
     and every request it counts has the replay's record."""
@@ -123,7 +123,7 @@ def _log_time(line: str) -> int:
     return ((int(m) * 60 + int(s)) * 1000 + int(ms)) * 1000 + int(us)
 
 
-def test_records_wait_for_the_join_at_most_its_bound():
+def test_records_wait_for_the_join_at_most_its_bound() -> None:
     """Freshness: a record's conversation is fixed, as proven or "uncertain", at the first line
     past JOIN_WAIT_US of log time after its request ended, or earlier; from then on it waits only
     for what else it is judged by (its LoRA, other slots' prefill timings). Tried on the
@@ -142,7 +142,7 @@ def test_records_wait_for_the_join_at_most_its_bound():
         fixed: list[tuple[int, int]] = []  # (end, log time its conversation was fixed)
         fix = fin._fix_conversation
 
-        def watched(d, waited_enough, fix=fix, fixed=fixed, clock=clock):
+        def watched(d, waited_enough, fix=fix, fixed=fixed, clock=clock) -> None:
             fix(d, waited_enough)
             if d.conversation is not None and not d.is_child:
                 fixed.append((d.end_us, clock.now))

@@ -8,6 +8,7 @@ import gzip
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -39,7 +40,7 @@ def rotate(log: os.PathLike) -> None:
     subprocess.run([busybox, "sh", str(ROOT / "deploy/logrotate/rotate.sh"), "--once"], check=True, env=env)
 
 
-def test_exporter_counts_every_request_across_copytruncate_rotations(tmp_path):
+def test_exporter_counts_every_request_across_copytruncate_rotations(tmp_path: Path) -> None:
     import random
 
     server = LlamaServer(

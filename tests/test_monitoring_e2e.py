@@ -91,13 +91,13 @@ class Receiver:
         outer = self
 
         class H(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
+            def do_POST(self) -> None:  # noqa: N802
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 outer.alerts.extend(json.loads(body)["alerts"])
                 self.send_response(200)
                 self.end_headers()
 
-            def log_message(self, *a):
+            def log_message(self, *a) -> None:
                 pass
 
         self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -143,7 +143,7 @@ def start_alertmanager(workdir: Path, receiver_url: str) -> tuple[subprocess.Pop
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
+def stack(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("e2e")
     binary = llama_server_binary()
     model, lora = model_files()
@@ -214,7 +214,7 @@ def stack(tmp_path_factory):
         receiver.srv.shutdown()
 
 
-def test_wrongful_lora_discard_alert_reaches_the_receiver(stack):
+def test_wrongful_lora_discard_alert_reaches_the_receiver(stack) -> None:
     receiver = stack["receiver"]
     seed_server = f"127.0.0.1:{stack['exporters'][0].port}"  # the one-slot server that ran the seed scenario
 
@@ -233,7 +233,7 @@ def test_wrongful_lora_discard_alert_reaches_the_receiver(stack):
     assert "re-prefilled for nothing" in alert["annotations"]["description"]
 
 
-def test_every_dashboard_and_rule_expression_returns_data(stack):
+def test_every_dashboard_and_rule_expression_returns_data(stack) -> None:
     prom: Prometheus = stack["prom"]
     problems = []
     for e in dashboard_expressions() + rule_expressions():
@@ -249,7 +249,7 @@ def test_every_dashboard_and_rule_expression_returns_data(stack):
     assert not problems, "\n".join(problems)
 
 
-def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack):
+def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack) -> None:
     """Grafana's All for $job is the values of label_values(llamacpp_up, job) joined, as Grafana
     does for a Prometheus regex; the other job's down target is not a server down."""
     prom: Prometheus = stack["prom"]
@@ -272,7 +272,7 @@ def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack):
     assert value(".+") >= 1  # what the old allValue counted
 
 
-def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack):
+def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack) -> None:
     served = set()
     for e in stack["exporters"]:
         for line in e.metrics_text().splitlines():
@@ -284,7 +284,7 @@ def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack):
             assert m in served or m in recorded, f"{e.where}: {m}"
 
 
-def test_exemplars_reach_prometheus(stack):
+def test_exemplars_reach_prometheus(stack) -> None:
     prom: Prometheus = stack["prom"]
     r = httpx.get(
         prom.url + "/api/v1/query_exemplars",
@@ -296,7 +296,7 @@ def test_exemplars_reach_prometheus(stack):
     assert labels and all({"slot", "task"} <= set(lab) for lab in labels)
 
 
-def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_cache(stack):
+def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_cache(stack) -> None:
     """The thrashing rule's condition holds for the server whose conversations came back after
     eviction (the responses say: cache_n 0 on every return) and not for the server whose cache
     is full and evicts, but whose returning conversation always hits."""

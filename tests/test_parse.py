@@ -55,7 +55,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("fragment,expected", CASES, ids=[c[0][:40] for c in CASES])
-def test_real_line_kinds(fragment, expected):
+def test_real_line_kinds(fragment, expected) -> None:
     line = real_line(fragment)
     parsed = p.parse_line(line)
     assert parsed.ts_us is not None
@@ -65,7 +65,7 @@ def test_real_line_kinds(fragment, expected):
         assert parsed.event == expected, line
 
 
-def test_evictions_say_which_limit_made_them():
+def test_evictions_say_which_limit_made_them() -> None:
     making_room = p.parse_line(real_line("making room for prompt cache entry", "lv4-np1-cache-thrashing.log"))
     assert making_room.event == p.CacheEvicted(33.169, True, False)
     # invented from server_prompt_cache::update's format string: no recorded log has a cache
@@ -77,14 +77,14 @@ def test_evictions_say_which_limit_made_them():
     assert p.parse_line(line).event == p.CacheEvicted(12.5, False, True)
 
 
-def test_candidate_and_restore_keep_printed_values():
+def test_candidate_and_restore_keep_printed_values() -> None:
     cand = p.parse_line(real_line("prompt with length     255, lcp")).event
     assert isinstance(cand, p.CacheCandidate) and cand.n_tokens == 255
     found = p.parse_line(real_line("found better prompt")).event
     assert isinstance(found, p.CacheRestored) and found.f_keep.startswith("0.") or found.f_keep == "1.000"
 
 
-def test_timestamp_is_microseconds_since_start():
+def test_timestamp_is_microseconds_since_start() -> None:
     assert p.parse_line("1.23.135.796 I slot launch_slot_: id  2 | task 17 | processing task, is_child = 0").ts_us == (
         60_000_000 + 23_000_000 + 135_000 + 796
     )
@@ -107,18 +107,18 @@ LAUNCH = "slot launch_slot_: id  2 | task 17 | processing task, is_child = 0"
     ],
     ids=["default", "no-timestamps", "no-prefix", "ansi", "router", "jsonl"],
 )
-def test_envelopes(line):
+def test_envelopes(line) -> None:
     assert p.parse_line(line).event == p.TaskLaunched(2, 17, False)
 
 
-def test_jsonl_real_record():
+def test_jsonl_real_record() -> None:
     line = real_line("processing task", "lv4-np2-jsonl.log")
     parsed = p.parse_line(line)
     assert isinstance(parsed.event, p.TaskLaunched)
     assert parsed.ts_us == json.loads(line)["time"]
 
 
-def test_multiline_continuation_is_ignored():
+def test_multiline_continuation_is_ignored() -> None:
     assert isinstance(p.parse_line("\trepeat_last_n = 64, repeat_penalty = 1.000").event, p.Ignored)
 
 
@@ -132,7 +132,7 @@ def test_multiline_continuation_is_ignored():
         "\trepeat_last_n = 64\x7f",
     ],
 )
-def test_a_continuation_line_is_read_as_the_general_path_reads_it(line):
+def test_a_continuation_line_is_read_as_the_general_path_reads_it(line: str) -> None:
     assert p._parse_line(line) == p._parse_general(line)
     assert isinstance(p.parse_line("<|im_start|>user").event, p.Ignored)
 
@@ -145,7 +145,7 @@ def test_a_continuation_line_is_read_as_the_general_path_reads_it(line):
         '{"type":"log","time":',  # truncated JSONL record
     ],
 )
-def test_unknown_and_malformed_lines_are_unrecognized(line):
+def test_unknown_and_malformed_lines_are_unrecognized(line: str) -> None:
     assert isinstance(p.parse_line(line).event, p.Unrecognized)
 
 
@@ -160,12 +160,12 @@ def test_unknown_and_malformed_lines_are_unrecognized(line):
         ("[" * 5000, p.Ignored),
     ],
 )
-def test_garbage_is_classified_by_the_parser_itself(line, kind):
+def test_garbage_is_classified_by_the_parser_itself(line, kind) -> None:
     """The parser proper (not parse_line's safety net, which would hide a raise) handles it."""
     assert type(p._parse_line(line).event) is kind
 
 
-def test_a_parser_bug_costs_one_unrecognized_line(monkeypatch):
+def test_a_parser_bug_costs_one_unrecognized_line(monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(line: str) -> p.ParsedLine:
         raise IndexError("a bug")
 
@@ -173,7 +173,7 @@ def test_a_parser_bug_costs_one_unrecognized_line(monkeypatch):
     assert p.parse_line("0.01.108.522 I slot launch_slot_: id  0 | task 3 | processing task").event == p.UNRECOGNIZED
 
 
-def test_debug_lines_carry_no_text():
+def test_debug_lines_carry_no_text() -> None:
     # invented: a DEBUG line as -lv 5 prints it, with request content
     parsed = p.parse_line(
         '0.02.000.000 D slot launch_slot_: id  0 | task 4 | launching slot : {"prompt":"secret words"}'
@@ -185,26 +185,26 @@ def test_debug_lines_carry_no_text():
 @pytest.mark.parametrize(
     "log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log", "lv4-np1-seed-scenario.log"]
 )
-def test_recorded_logs_have_no_unrecognized_lines(log):
+def test_recorded_logs_have_no_unrecognized_lines(log: str) -> None:
     results = [p._parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
     assert not [r for r in results if isinstance(r.event, p.Unrecognized)]
 
 
 @pytest.mark.parametrize("log", sorted(str(f.relative_to(LOGS)) for f in LOGS.rglob("*.log")))
-def test_the_one_match_path_reads_every_recorded_line_as_the_general_path_does(log):
+def test_the_one_match_path_reads_every_recorded_line_as_the_general_path_does(log) -> None:
     lines = (LOGS / log).read_text(errors="replace").splitlines()
     assert [p._parse_line(line) for line in lines] == [p._parse_general(line) for line in lines]
 
 
 @pytest.mark.parametrize("log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log"])
-def test_every_request_of_a_recorded_log_launches_one_task(log):
+def test_every_request_of_a_recorded_log_launches_one_task(log: str) -> None:
     """One request task per response the client got (these workloads send n = 1)."""
     results = [p.parse_line(line) for line in (LOGS / log).read_text(errors="replace").splitlines()]
     launched = sum(isinstance(r.event, p.TaskLaunched) and not r.event.is_child for r in results)
     assert launched == len((LOGS / log.replace(".log", ".truth.jsonl")).read_text().splitlines())
 
 
-def test_bytes_that_are_not_text_are_unreadable_not_ignored():
+def test_bytes_that_are_not_text_are_unreadable_not_ignored() -> None:
     """100 non-UTF-8 lines and random bytes: counted as unreadable (the parse-drift alert sees
     them), never as ignored (known but unneeded)."""
     import random
@@ -232,7 +232,7 @@ def test_bytes_that_are_not_text_are_unreadable_not_ignored():
 ROUTER_LOG = Path(__file__).resolve().parent / "fixtures" / "logs" / "router-two-models.log"
 
 
-def test_router_lines_name_the_child_and_its_model():
+def test_router_lines_name_the_child_and_its_model() -> None:
     # recorded: a llama-server router with two presets (tests/fixtures/logs/router-two-models.log)
     events = [p.parse_line(line.rstrip("\n")) for line in ROUTER_LOG.open()]
     own = [e.event for e in events if e.child is None and not isinstance(e.event, p.Ignored)]
@@ -248,7 +248,7 @@ def test_router_lines_name_the_child_and_its_model():
     assert isinstance(child[0].event, p.ServerStarting) and child[0].ts_us < 10_000
 
 
-def test_router_names_in_client_driven_lines_are_only_read_as_names():
+def test_router_names_in_client_driven_lines_are_only_read_as_names() -> None:
     # invented lines, shaped like server-models.cpp's: the conv_id is the client's, never kept
     line = "0.03.000.000 I srv    operator(): request for conv_id=zebra secret cancelled while model name=alpha was loading"
     assert p.parse_line(line).event == p.ModelRequestCancelled("alpha")

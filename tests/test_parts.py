@@ -42,14 +42,14 @@ class Calls:
         (((1, 0.5), (0, 0.25)), None, "0:0.25,1:0.5", "active"),  # sorted by adapter
     ],
 )
-def test_lora_config_compares_as_the_server_does(request_scales, global_scales, config, label):
+def test_lora_config_compares_as_the_server_does(request_scales, global_scales, config: str | None, label: str) -> None:
     t = LoraTracker()
     t.global_scales = global_scales
     assert t.config(request_scales) == config
     assert state(request_scales) == label
 
 
-def test_lora_per_task_is_bounded_and_keeps_the_newest():
+def test_lora_per_task_is_bounded_and_keeps_the_newest() -> None:
     from llamacpp_exporter.assemble.lora import MAX_TASKS
 
     t = LoraTracker()
@@ -64,21 +64,21 @@ def line(ts: int | None, ev: object = None) -> p.ParsedLine:
     return p.ParsedLine(ts, ev if ev is not None else p.Ignored())
 
 
-def test_clock_keeps_the_log_time_and_continuation_lines_do_not_move_it():
+def test_clock_keeps_the_log_time_and_continuation_lines_do_not_move_it() -> None:
     c = LogClock()
     c.advance(5_000_000, now_us=123)
     c.advance(None, now_us=9_999_999_999)  # a continuation line: keeps the log's time
     assert c.now == 5_000_000
 
 
-def test_clock_without_timestamps_uses_the_read_time_and_never_goes_back():
+def test_clock_without_timestamps_uses_the_read_time_and_never_goes_back() -> None:
     c = LogClock()
     c.advance(None, 2_000)
     c.advance(None, 1_000)
     assert c.now == 2_000
 
 
-def test_time_going_back_is_a_restart_only_when_confirmed():
+def test_time_going_back_is_a_restart_only_when_confirmed() -> None:
     c = LogClock()
     c.advance(60_000_000, 0)
     assert not c.went_back(59_999_500)  # within the jitter of queue-time stamps
@@ -90,7 +90,7 @@ def test_time_going_back_is_a_restart_only_when_confirmed():
 
 
 # ------------------------------------------------------------ serverstate
-def test_server_state_says_when_only_lineage_can_group_requests():
+def test_server_state_says_when_only_lineage_can_group_requests() -> None:
     sink, changes = Calls(), []
     s = ServerState(sink, lambda: changes.append(1))
     assert not s.lineage_only  # nothing known yet: the join may try
@@ -103,7 +103,7 @@ def test_server_state_says_when_only_lineage_can_group_requests():
     assert s.lineage_only
 
 
-def test_server_state_announces_each_slot_once_and_within_the_banner():
+def test_server_state_announces_each_slot_once_and_within_the_banner() -> None:
     sink = Calls()
     s = ServerState(sink, lambda: None)
     s.slots_initialized(p.SlotsInitialized(2, 4096))
@@ -111,7 +111,7 @@ def test_server_state_announces_each_slot_once_and_within_the_banner():
     assert sink.named("slots_known") == [([0, 1],)] and s.slots() == 2
 
 
-def test_debug_logging_is_reported_once():
+def test_debug_logging_is_reported_once() -> None:
     sink = Calls()
     s = ServerState(sink, lambda: None)
     s.verbosity_read(p.Verbosity(5))
@@ -120,7 +120,7 @@ def test_debug_logging_is_reported_once():
 
 
 # ------------------------------------------------------------ promptcache
-def test_a_restore_names_the_task_that_computed_the_entry():
+def test_a_restore_names_the_task_that_computed_the_entry() -> None:
     """Invented sequence: task 3's state saved, then a lookup restores it for a selection."""
     evicted: list = []
     cache = PromptCacheLog(Calls(), evicted.append, lambda: None)
@@ -139,7 +139,7 @@ def test_a_restore_names_the_task_that_computed_the_entry():
     assert (d.path, d.ram_restored, d.entry_source, d.offered_tokens) == ("ram", True, (0, 3), 880)
 
 
-def test_cache_lines_after_the_launch_belong_to_no_selection():
+def test_cache_lines_after_the_launch_belong_to_no_selection() -> None:
     cache = PromptCacheLog(Calls(), lambda s: None, lambda: None)
     sel = Selection(1, "lcp", 100)
     cache.selected(sel, None)
@@ -148,7 +148,7 @@ def test_cache_lines_after_the_launch_belong_to_no_selection():
     assert sel.candidates is None
 
 
-def test_cache_figures_go_to_the_sink_in_bytes():
+def test_cache_figures_go_to_the_sink_in_bytes() -> None:
     sink = Calls()
     cache = PromptCacheLog(sink, lambda s: None, lambda: None)
     cache.state(p.CacheState(2, 1.5, 90.0))
@@ -168,7 +168,7 @@ def attribution(sink=None) -> tuple[Attribution, FakeClock]:
     return att, clock
 
 
-def test_lineage_follows_the_slot_or_the_restored_entry_only_when_kept_whole():
+def test_lineage_follows_the_slot_or_the_restored_entry_only_when_kept_whole() -> None:
     lcp = Selection(0, "lcp", 100, f_keep=1.0)
     assert lineage_parent(lcp, 2, 7) == (2, 7)
     assert lineage_parent(Selection(0, "lcp", 100, f_keep=0.5), 2, 7) is None  # shared system prompt
@@ -178,7 +178,7 @@ def test_lineage_follows_the_slot_or_the_restored_entry_only_when_kept_whole():
     assert lineage_parent(None, 2, 7) is None
 
 
-def test_below_lv4_a_continuation_joins_the_conversation_it_continues():
+def test_below_lv4_a_continuation_joins_the_conversation_it_continues() -> None:
     att, _ = attribution()
     att.lineage_only = True
     att.launched(1, None)
@@ -187,7 +187,7 @@ def test_below_lv4_a_continuation_joins_the_conversation_it_continues():
     assert first == ("c-lineage:0:1", "lineage") and second == first
 
 
-def test_an_eviction_counts_for_the_next_request_of_its_conversation_once():
+def test_an_eviction_counts_for_the_next_request_of_its_conversation_once() -> None:
     """Invented: task 1 of conversation A (by header) loses its RAM-cache entry; A comes back."""
     att, clock = attribution()
     att._conv[(0, 1)] = ("A", "header")  # as the join would have proven it
@@ -198,7 +198,7 @@ def test_an_eviction_counts_for_the_next_request_of_its_conversation_once():
     assert not att.came_back_after_eviction("A", start_us=30)  # consumed
 
 
-def test_overlap_is_charged_to_the_prefilling_conversations():
+def test_overlap_is_charged_to_the_prefilling_conversations() -> None:
     sink = Calls()
     att, _ = attribution(sink)
     att._conv[(0, 1)] = ("A", "header")
@@ -216,7 +216,7 @@ def finisher(slots_polled=False) -> tuple[Finisher, list[RequestRecord]]:
     return Finisher(out.append, AssemblySettings(), LoraTracker(), att, slots_polled), out
 
 
-def test_a_released_task_waits_for_its_lora_until_a_later_poll_missed_it():
+def test_a_released_task_waits_for_its_lora_until_a_later_poll_missed_it() -> None:
     f, out = finisher(slots_polled=True)
     f.attribution.launched(1, None)
     f.add(TaskDraft(epoch=0, slot=0, task=1, start_us=0, end_us=10))
@@ -227,7 +227,7 @@ def test_a_released_task_waits_for_its_lora_until_a_later_poll_missed_it():
     assert [r.lora for r in out] == ["unknown"]  # unknown, not a guess
 
 
-def test_the_record_is_frozen_and_classified():
+def test_the_record_is_frozen_and_classified() -> None:
     f, out = finisher()
     f.attribution.launched(1, None)
     d = TaskDraft(epoch=0, slot=0, task=1, start_us=0, end_us=10, path="ram", prompt_tokens=2000, reused_tokens=0)
@@ -245,7 +245,7 @@ def test_the_record_is_frozen_and_classified():
         rec.outcome = "hit"  # type: ignore[misc]
 
 
-def test_pending_records_are_bounded():
+def test_pending_records_are_bounded() -> None:
     from llamacpp_exporter.assemble.finish import MAX_PENDING
 
     f, out = finisher(slots_polled=True)  # each waits for a poll that never comes
@@ -254,7 +254,7 @@ def test_pending_records_are_bounded():
     assert len(f.pending) == MAX_PENDING and [r.task for r in out] == list(range(5))
 
 
-def test_slots_fill_in_what_the_log_lacks():
+def test_slots_fill_in_what_the_log_lacks() -> None:
     d = TaskDraft(epoch=0, slot=0, task=1, start_us=0)
     d.seen_in_slots(SlotState(0, 1, True, 100, 0, 80, 0, ((0, 1.0),)))
     assert d.lora_request == ((0, 1.0),) and d.reused_tokens is None  # nothing processed yet: may be stale
@@ -263,7 +263,7 @@ def test_slots_fill_in_what_the_log_lacks():
 
 
 # ------------------------------------------------------------ the join's deferred queue
-def test_deferred_queue_mirrors_the_server_while_exact():
+def test_deferred_queue_mirrors_the_server_while_exact() -> None:
     q = DeferredQueue()
     assert q.attempt(False, 0, None, burst=1) == ((0, 1),)  # deferred in the first try burst
     assert q.attempt(False, 1, 1, burst=2) == ((1, 2),)  # deferred, pinned to slot 1
@@ -273,7 +273,7 @@ def test_deferred_queue_mirrors_the_server_while_exact():
     assert q.count() == 1 and q.exact
 
 
-def test_deferred_queue_keeps_every_world_an_uncertain_cancel_leaves():
+def test_deferred_queue_keeps_every_world_an_uncertain_cancel_leaves() -> None:
     q = DeferredQueue()
     q.attempt(False, 0, None, burst=1)
     q.attempt(False, 1, None, burst=2)
@@ -289,7 +289,7 @@ def test_deferred_queue_keeps_every_world_an_uncertain_cancel_leaves():
     assert q.count() == 1 and not q.certainly_empty()  # in every world one task waits
 
 
-def test_deferred_queue_drops_a_world_the_lines_contradict():
+def test_deferred_queue_drops_a_world_the_lines_contradict() -> None:
     q = DeferredQueue()
     q.attempt(False, 0, 1)  # pinned to slot 1
     q.attempt(False, 1, None)
@@ -300,7 +300,7 @@ def test_deferred_queue_drops_a_world_the_lines_contradict():
     assert [d.pinned for d in q.worlds[0].queue] == [None]  # the pinned one was cancelled
 
 
-def test_deferred_queue_keeps_bounds_past_its_worlds():
+def test_deferred_queue_keeps_bounds_past_its_worlds() -> None:
     q = DeferredQueue()
     for i in range(10):
         q.attempt(False, i, None)
@@ -312,7 +312,7 @@ def test_deferred_queue_keeps_bounds_past_its_worlds():
     assert (q.lo, q.hi) == (5, 9)
 
 
-def test_a_record_takes_its_drafts_facts_under_the_same_names_and_types():
+def test_a_record_takes_its_drafts_facts_under_the_same_names_and_types() -> None:
     """The facts a draft collects become the record's by one generated list (FACTS_FROM_DRAFT):
     the two classes must agree on each one's type, and a record's other fields are its verdict."""
     import dataclasses
@@ -328,7 +328,7 @@ def test_a_record_takes_its_drafts_facts_under_the_same_names_and_types():
     assert {"outcome", "miss_cause", "restore_result", "lora", "contention", "queue_seconds"} <= verdict
 
 
-def test_the_assembly_settings_are_the_configuration_keys_they_name():
+def test_the_assembly_settings_are_the_configuration_keys_they_name() -> None:
     import dataclasses
 
     from llamacpp_exporter.assemble.finish import CONFIG_KEYS

@@ -19,7 +19,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "invented" / "text-bearing-lines.
 CANARY = "quokkacanary"
 
 
-def test_no_text_leaves_the_exporter(tmp_path):
+def test_no_text_leaves_the_exporter(tmp_path: Path) -> None:
     events = tmp_path / "events.jsonl"
     exp = ExporterProcess(
         [
@@ -69,7 +69,7 @@ def test_no_text_leaves_the_exporter(tmp_path):
     assert "logs DEBUG lines" in stderr  # the operator is told, without the text
 
 
-def test_continuation_lines_of_a_debug_message_never_become_events_or_labels():
+def test_continuation_lines_of_a_debug_message_never_become_events_or_labels() -> None:
     # invented, shaped as llama-server prints a request's grammar at -lv 5: the DEBUG line, then
     # the grammar's own lines with no prefix, which a client chooses. They try to forge a build
     # label, a server restart and a request; none may take effect.
@@ -95,7 +95,7 @@ def test_continuation_lines_of_a_debug_message_never_become_events_or_labels():
     assert pl.registry.get_sample_value("llamacpp_exporter_server_restarts_total", {"model": ""}) == 0
 
 
-def test_a_build_commit_that_is_not_hex_never_reaches_the_label():
+def test_a_build_commit_that_is_not_hex_never_reaches_the_label() -> None:
     from llamacpp_exporter import parse as p
 
     line = f"0.00.001.843 I cmn  common_param: common_params_print_info: build 12 ({CANARY}) with GNU 12"
@@ -103,7 +103,7 @@ def test_a_build_commit_that_is_not_hex_never_reaches_the_label():
     assert p.parse_line(line.replace(CANARY, "92ed571585b8")).event == p.ServerBuild(12, "92ed571585b8")
 
 
-def test_a_recorded_lv5_log_with_forged_grammar_lines_yields_nothing_forged():
+def test_a_recorded_lv5_log_with_forged_grammar_lines_yields_nothing_forged() -> None:
     # real: llama-server b11434 at -lv 5, two requests whose grammars hold a forged build line
     # and start banner (tests/fixtures/logs/lv5-np1-grammar-canary.log); both were refused
     from prometheus_client import generate_latest
@@ -121,7 +121,7 @@ def test_a_recorded_lv5_log_with_forged_grammar_lines_yields_nothing_forged():
     assert pl.registry.get_sample_value("llamacpp_exporter_server_debug_logging", {"model": ""}) == 1
 
 
-def test_at_lv5_a_forged_prefixed_line_from_the_past_takes_no_effect():
+def test_at_lv5_a_forged_prefixed_line_from_the_past_takes_no_effect() -> None:
     # invented: the recorded -lv 5 log, with a client's grammar holding a whole forged line (a
     # start banner with its timestamp) and a forged release: time goes back for two lines only
     from support import log_lines, replay_records
@@ -138,7 +138,7 @@ def test_at_lv5_a_forged_prefixed_line_from_the_past_takes_no_effect():
     assert pl.registry.get_sample_value("llamacpp_exporter_log_lines_out_of_order_total", {"model": ""}) == 2
 
 
-def test_a_restart_at_lv4_after_a_run_at_lv5_ends_the_debug_logging_warning():
+def test_a_restart_at_lv4_after_a_run_at_lv5_ends_the_debug_logging_warning() -> None:
     # real logs: the recorded -lv 5 run, then a recorded -lv 4 run appended to the same file (a
     # restart with the verbosity lowered); the warning is about the server that runs now
     from support import log_lines, replay_records

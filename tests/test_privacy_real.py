@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ CANARY = "zebracanary"
 
 
 @pytest.mark.parametrize("verbosity", [3, 4, 5])
-def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path, verbosity):
+def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path: Path, verbosity: int) -> None:
     server = LlamaServer(
         llama_server_binary(), *model_files(), tmp_path / "server", n_parallel=1, ctx=2048, verbosity=verbosity
     ).start()

@@ -65,7 +65,7 @@ def assert_no_text(workdir: Path, *texts: str) -> None:
         assert CANARY not in t
 
 
-def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts, tmp_path):
+def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts, tmp_path: Path) -> None:
     run = run_workload(parts, tmp_path, seed_scenario, n_parallel=1, ctx=4096, cache_ram=256)
     truths, recs, text = run.truths, run.records, run.metrics
     assert truths[2].cache_n == 0  # the seed's symptom, as the server reports it
@@ -118,7 +118,7 @@ def check_chat_records(pairs: list[tuple[Truth, dict]], log_text: str, truths: l
     return seen
 
 
-def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path):
+def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path: Path) -> None:
     run = run_workload(parts, tmp_path, lambda url: chat_workload(url, turns=4), n_parallel=2)
     truths, text = run.truths, run.metrics
     pairs = match(run.records, truths)
@@ -160,7 +160,7 @@ def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path):
     )
 
 
-def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path):
+def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path: Path) -> None:
     run = run_workload(parts, tmp_path, lambda url: chat_workload(url, turns=3, seed=13), n_parallel=2, verbosity=3)
     truths, text, stderr = run.truths, run.metrics, run.exporter_log
     pairs = match(run.records, truths)
@@ -185,7 +185,7 @@ def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path):
     assert_no_text(tmp_path, text)
 
 
-def test_jsonl_log_format(parts, tmp_path):
+def test_jsonl_log_format(parts, tmp_path: Path) -> None:
     run = run_workload(
         parts, tmp_path, lambda url: chat_workload(url, n_convs=4, turns=3, seed=17, long_system=(0,)), jsonl=True
     )
@@ -201,7 +201,7 @@ def test_jsonl_log_format(parts, tmp_path):
     assert_no_text(tmp_path, text)
 
 
-def test_server_restart_with_log_file_truncation_starts_a_new_epoch(parts, tmp_path):
+def test_server_restart_with_log_file_truncation_starts_a_new_epoch(parts, tmp_path: Path) -> None:
     """llama-server's --log-file is truncated at every start: the exporter, following it from
     its end, reads the new process's log from the start and joins nothing across the restart."""
     srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=1, ctx=4096, cache_ram=256, log_file=True).start()

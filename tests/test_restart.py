@@ -31,7 +31,7 @@ def tasks(events: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
-def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path, sig):
+def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path: Path, sig) -> None:
     lines, log, events, args = _setup(tmp_path)
 
     def write(part: list[str]) -> None:
@@ -93,7 +93,7 @@ def _killed_between_parts(tmp_path: Path, lines: list[str], log: Path, args: lis
     return exp
 
 
-def test_killed_three_times_while_the_log_is_written_every_request_is_counted_once(tmp_path):
+def test_killed_three_times_while_the_log_is_written_every_request_is_counted_once(tmp_path: Path) -> None:
     lines, log, events, args = _setup(tmp_path)
     _killed_between_parts(tmp_path, lines, log, args, parts=4).stop()
     got = tasks(events)
@@ -101,7 +101,7 @@ def test_killed_three_times_while_the_log_is_written_every_request_is_counted_on
     assert len(got) == len(set(got)) == 32
 
 
-def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path):
+def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path: Path) -> None:
     lines, log, events, args = _setup(tmp_path)
     exp = ExporterProcess(args, tmp_path / "a").start()
     exp.wait_following()
@@ -123,7 +123,9 @@ def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path):
     assert len(got) == len(set(got)) == 32
 
 
-def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_analyze_reads_the_set(tmp_path):
+def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_analyze_reads_the_set(
+    tmp_path: Path,
+) -> None:
     """The events file bounded to 4 KiB a file (a few records each), the exporter killed twice:
     every request is in the rotated set once, and analyze --events reads the whole set."""
     import subprocess

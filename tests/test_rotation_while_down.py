@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 from realserver import ExporterProcess, free_port
@@ -16,7 +17,7 @@ from support import LOGS, replay_records, wait_records
 pytestmark = pytest.mark.integration
 
 
-def _exporter(tmp_path, log) -> ExporterProcess:
+def _exporter(tmp_path: Path, log) -> ExporterProcess:
     return ExporterProcess(
         ["--llama.url", f"http://127.0.0.1:{free_port()}", "--no-llama.slots", "--no-llama.metrics"]
         + ["--llama.log-path", str(log), "--llama.log-from-start"]
@@ -45,7 +46,7 @@ def _rotate(log, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["rename", "rename+gzip", "copytruncate", "copytruncate+gzip"])
-def test_every_request_is_counted_once_across_a_rotation_while_stopped(tmp_path, how):
+def test_every_request_is_counted_once_across_a_rotation_while_stopped(tmp_path: Path, how: str) -> None:
     raw = (LOGS / "lv4-np2-text.log").read_bytes().splitlines(keepends=True)
     expected, _ = replay_records([line.decode().rstrip("\n") for line in raw])
     k, m = len(raw) * 2 // 5, len(raw) * 7 // 10

@@ -33,22 +33,22 @@ def alerts() -> list[dict]:
     return [r for g in doc["groups"] for r in g["rules"]]
 
 
-def test_generated_rules_are_up_to_date():
+def test_generated_rules_are_up_to_date() -> None:
     res = subprocess.run([sys.executable, "-m", "mixin", "--check"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
 
 
-def test_promtool_check_rules():
+def test_promtool_check_rules() -> None:
     res = promtool("check", "rules", *map(str, RULE_FILES))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_promtool_unit_tests():
+def test_promtool_unit_tests() -> None:
     res = promtool("test", "rules", str(TESTS))
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_every_alert_has_a_firing_and_a_not_firing_case():
+def test_every_alert_has_a_firing_and_a_not_firing_case() -> None:
     tests = yaml.safe_load(TESTS.read_text())["tests"]
     firing, quiet = set(), set()
     for t in tests:
@@ -78,7 +78,7 @@ REQUIRED = {
 }
 
 
-def test_alerts_are_complete_and_documented():
+def test_alerts_are_complete_and_documented() -> None:
     runbook = (ALERTS / "runbook.md").read_text()
     anchors = {h[3:].strip().lower() for h in runbook.splitlines() if h.startswith("## ")}
     names = set()
@@ -95,7 +95,7 @@ def test_alerts_are_complete_and_documented():
 METRIC_RE = re.compile(r"\b(llamacpp_[a-z0-9_]+)")
 
 
-def test_rules_only_use_exported_metrics():
+def test_rules_only_use_exported_metrics() -> None:
     recorded = {r["record"] for g in yaml.safe_load(RULE_FILES[0].read_text())["groups"] for r in g["rules"]}
     exported = exported_metric_names()
     for f in RULE_FILES:
@@ -105,7 +105,7 @@ def test_rules_only_use_exported_metrics():
                     assert m in exported or any(m in rec for rec in recorded), f"{m} in {r.get('alert') or r['record']}"
 
 
-def test_runbook_has_meaning_impact_diagnosis_and_mitigation_for_every_alert():
+def test_runbook_has_meaning_impact_diagnosis_and_mitigation_for_every_alert() -> None:
     sections = (ALERTS / "runbook.md").read_text().split("\n## ")[1:]
     by_name = {sec.split("\n", 1)[0].strip(): sec for sec in sections}
     for a in alerts():
@@ -114,7 +114,7 @@ def test_runbook_has_meaning_impact_diagnosis_and_mitigation_for_every_alert():
             assert part in sec, f"{a['alert']}: no {part}"
 
 
-def test_user_facing_text_describes_the_case_not_our_name_for_it():
+def test_user_facing_text_describes_the_case_not_our_name_for_it() -> None:
     """'The seed' is the team's name for the case report; users read a description of the case."""
     files = [
         ROOT / "README.md",
@@ -130,7 +130,7 @@ def test_user_facing_text_describes_the_case_not_our_name_for_it():
         assert not re.search(r"\bseed'?s?\b", f.read_text(), re.IGNORECASE), f
 
 
-def test_a_latency_objective_that_is_no_bucket_bound_is_refused_by_the_generator():
+def test_a_latency_objective_that_is_no_bucket_bound_is_refused_by_the_generator() -> None:
     """The share over an objective is read from the bucket at that bound: an objective between
     two bounds would have no bucket, and its alert could never fire."""
     from mixin import queries, rules
@@ -154,7 +154,7 @@ def _with_labels(series: str, labels: dict[str, str]) -> str:
     return series.replace("}", f",{extra}}}", 1) if not series.endswith("{}") else series[:-1] + extra + "}"
 
 
-def test_every_alert_keeps_the_cluster_namespace_and_pod_its_series_carry(tmp_path):
+def test_every_alert_keeps_the_cluster_namespace_and_pod_its_series_carry(tmp_path: Path) -> None:
     """Every promtool case again, each input series labelled as behind a PodMonitor in a named
     cluster: every alert that fired fires again, now carrying those labels (Alertmanager routes
     and inhibits by them; pod-IP instances repeat across clusters). The cases without them
@@ -183,7 +183,7 @@ def test_every_alert_keeps_the_cluster_namespace_and_pod_its_series_carry(tmp_pa
     assert res.returncode == 0, res.stdout[-6000:] + res.stderr
 
 
-def test_every_runbook_link_follows_the_settable_pattern_to_an_entry_of_the_shipped_runbook():
+def test_every_runbook_link_follows_the_settable_pattern_to_an_entry_of_the_shipped_runbook() -> None:
     pattern = yaml.safe_load((ROOT / "mixin" / "thresholds.yaml").read_text())["runbook_url_pattern"]
     assert pattern.count("%s") == 1
     runbook = (ALERTS / "runbook.md").read_text()

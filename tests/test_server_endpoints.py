@@ -25,13 +25,13 @@ from llamacpp_exporter.sources.llama_server import ServerPoller, parse_lora_adap
 FIX = Path(__file__).parent / "fixtures" / "server"
 
 
-def test_parse_slots_recorded():
+def test_parse_slots_recorded() -> None:
     snap = parse_slots(json.loads((FIX / "slots.json").read_text()))
     assert [(s.id, s.id_task, s.lora) for s in snap.slots] == [(0, 563, ((0, 0.5),)), (1, 612, ())]
     assert not snap.slots[0].is_processing and snap.slots[0].n_decoded == 0
 
 
-def test_parse_slots_ignores_text_and_odd_elements():
+def test_parse_slots_ignores_text_and_odd_elements() -> None:
     obj = [
         {"id": 0, "prompt": "secret", "generated": "secret", "params": {"lora": [{"id": "x"}]}},
         "junk",
@@ -43,12 +43,12 @@ def test_parse_slots_ignores_text_and_odd_elements():
         parse_slots({"error": "nope"})
 
 
-def test_parse_lora_adapters():
+def test_parse_lora_adapters() -> None:
     assert parse_lora_adapters([{"id": 0, "path": "/m/a.gguf", "scale": 1.0}]).scales == ((0, 1.0),)
 
 
 class _Families(Collector):
-    def __init__(self, fams):
+    def __init__(self, fams) -> None:
         self.fams = fams
 
     def collect(self):
@@ -56,7 +56,7 @@ class _Families(Collector):
 
 
 @pytest.mark.integration
-def test_rename_server_metrics_recorded_and_promtool_clean():
+def test_rename_server_metrics_recorded_and_promtool_clean() -> None:
     fams = rename_server_metrics((FIX / "metrics.txt").read_text())
     names = {s.name for f in fams for s in f.samples}
     assert "llamacpp_server_prompt_tokens_cached_total" in names
@@ -73,7 +73,7 @@ def test_rename_server_metrics_recorded_and_promtool_clean():
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def test_server_metrics_help_says_what_our_poll_does_and_which_prompt_count_this_build_has():
+def test_server_metrics_help_says_what_our_poll_does_and_which_prompt_count_this_build_has() -> None:
     recorded = (FIX / "metrics.txt").read_text()  # b11434: cached tokens counted apart (PR #26920)
     docs = {f.name: f.documentation for f in rename_server_metrics(recorded)}
     assert "cache excluded" in docs["llamacpp_server_prompt_tokens"]
@@ -98,7 +98,7 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
     """A real HTTP server standing in for a misbehaving llama-server (bad-input tests only)."""
 
     class H(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self) -> None:  # noqa: N802
             behaviour.hits.append(self.path)
             time.sleep(behaviour.delay)
             body = {
@@ -121,7 +121,7 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
             except OSError:
                 pass
 
-        def log_message(self, *a):
+        def log_message(self, *a) -> None:
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -152,7 +152,7 @@ def poller_for(url: str, timeout: float = 0.3):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("poll_slots", [True, False])
-def test_a_requested_slots_poll_is_taken_once_and_the_poller_then_waits(poll_slots):
+def test_a_requested_slots_poll_is_taken_once_and_the_poller_then_waits(poll_slots: bool) -> None:
     """Every task launch asks for a /slots poll. Once handled, the request is cleared, with
     /slots polled or not (--no-llama.slots): a request left standing made the poller spin at
     100% CPU."""
@@ -174,7 +174,7 @@ def test_a_requested_slots_poll_is_taken_once_and_the_poller_then_waits(poll_slo
 
 
 @pytest.mark.integration
-def test_a_task_costs_one_slots_poll_unless_its_reused_tokens_must_come_from_slots():
+def test_a_task_costs_one_slots_poll_unless_its_reused_tokens_must_come_from_slots() -> None:
     """At -lv 4 the log gives the reused tokens: one /slots poll gives the task's LoRA (each
     poll is also a task queued inside llama-server). Below -lv 4 the poller keeps asking until
     the prefill has begun, when /slots's reused-token count can be trusted."""
@@ -222,7 +222,7 @@ def test_a_task_costs_one_slots_poll_unless_its_reused_tokens_must_come_from_slo
 
 
 @pytest.mark.integration
-def test_poller_dead_server_sets_up_zero_and_counts_errors():
+def test_poller_dead_server_sets_up_zero_and_counts_errors() -> None:
     poller, reg, got = poller_for(f"http://127.0.0.1:{free_port()}")
     poller.poll_all_once()
     assert reg.get_sample_value("llamacpp_up", {"endpoint": "health"}) == 0
@@ -232,7 +232,7 @@ def test_poller_dead_server_sets_up_zero_and_counts_errors():
 
 
 @pytest.mark.integration
-def test_poller_garbage_and_errors_are_counted_not_raised():
+def test_poller_garbage_and_errors_are_counted_not_raised() -> None:
     class B(FakeBehaviour):
         slots_body = b"not json"
 
@@ -250,7 +250,7 @@ def test_poller_garbage_and_errors_are_counted_not_raised():
 
 
 @pytest.mark.integration
-def test_a_slots_answer_nested_too_deep_is_counted_and_polling_goes_on():
+def test_a_slots_answer_nested_too_deep_is_counted_and_polling_goes_on() -> None:
     class Deep(FakeBehaviour):
         slots_body = b"[" * 100_000 + b"]" * 100_000  # a parser's recursion limit, not a ValueError
 
@@ -275,7 +275,7 @@ def test_a_slots_answer_nested_too_deep_is_counted_and_polling_goes_on():
 
 
 @pytest.mark.integration
-def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
+def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path: Path) -> None:
     class B(FakeBehaviour):
         delay = 60.0
 
@@ -297,7 +297,7 @@ def test_slow_server_never_blocks_a_scrape_of_the_exporter(tmp_path):
 
 
 @pytest.mark.integration
-def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path):
+def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path: Path) -> None:
     exp = ExporterProcess(
         ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.poll-interval", "0.2"], tmp_path
     ).start()
@@ -314,7 +314,7 @@ def test_exporter_against_a_dead_server_serves_metrics_and_landing_page(tmp_path
 
 
 @pytest.mark.integration
-def test_exporter_conventions_build_info_process_metrics_and_ready(tmp_path):
+def test_exporter_conventions_build_info_process_metrics_and_ready(tmp_path: Path) -> None:
     exp = ExporterProcess(["--llama.url", f"http://127.0.0.1:{free_port()}"], tmp_path).start()
     try:
         text = exp.metrics_text()
@@ -327,7 +327,7 @@ def test_exporter_conventions_build_info_process_metrics_and_ready(tmp_path):
 
 
 @pytest.mark.integration
-def test_ready_reports_a_stopped_log_follower(tmp_path):
+def test_ready_reports_a_stopped_log_follower(tmp_path: Path) -> None:
     from llamacpp_exporter.app import Exporter
     from llamacpp_exporter.cli import build_parser, config_from_args
 
@@ -351,7 +351,7 @@ def test_ready_reports_a_stopped_log_follower(tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("kind", ["directory", "fifo"])
-def test_a_log_path_that_is_no_file_is_said_once_and_shown_in_readiness(tmp_path, kind):
+def test_a_log_path_that_is_no_file_is_said_once_and_shown_in_readiness(tmp_path: Path, kind: str) -> None:
     import os
 
     log = tmp_path / "llama-server.log"
@@ -375,7 +375,7 @@ def test_a_log_path_that_is_no_file_is_said_once_and_shown_in_readiness(tmp_path
 
 
 @pytest.mark.integration
-def test_a_loading_llama_server_is_loading_not_down(tmp_path):
+def test_a_loading_llama_server_is_loading_not_down(tmp_path: Path) -> None:
     """A real llama-server answers 503 on /health until its model is loaded: the exporter,
     started first and polling fast, sees llamacpp_loading 1 (not a down server), then up."""
     from realserver import LlamaServer, llama_server_binary, model_files
@@ -390,7 +390,7 @@ def test_a_loading_llama_server_is_loading_not_down(tmp_path):
     seen = []
     stop = threading.Event()
 
-    def watch():
+    def watch() -> None:
         while not stop.is_set():
             try:
                 t = exp.metrics_text()
@@ -415,7 +415,7 @@ def test_a_loading_llama_server_is_loading_not_down(tmp_path):
     assert up and up[-1] > loading[-1] and not seen[-1][0]
 
 
-def test_only_llama_server_families_are_re_exported():
+def test_only_llama_server_families_are_re_exported() -> None:
     """An unprefixed family in llama-server's /metrics (a proxy's, a plugin's) is not re-exported
     next to our own series of the same name."""
     text = (FIX / "metrics.txt").read_text() + (
@@ -426,7 +426,7 @@ def test_only_llama_server_families_are_re_exported():
     assert names and all(n.startswith("llamacpp_server_") for n in names)
 
 
-def test_slot_ids_are_bounded_by_what_the_server_has():
+def test_slot_ids_are_bounded_by_what_the_server_has() -> None:
     """A /slots answer with 10,000 slots (or ids outside 0..n-1) adds no series."""
     with pytest.raises(ValueError, match="more than"):
         parse_slots([{"id": i} for i in range(10_000)])
@@ -450,7 +450,7 @@ def test_slot_ids_are_bounded_by_what_the_server_has():
 
 
 @pytest.mark.integration
-def test_credentials_in_the_url_are_never_logged(tmp_path):
+def test_credentials_in_the_url_are_never_logged(tmp_path: Path) -> None:
     exp = ExporterProcess(["--llama.url", f"http://admin:hunter2secret@127.0.0.1:{free_port()}"], tmp_path).start()
     try:
         exp.metrics_text()
@@ -461,7 +461,7 @@ def test_credentials_in_the_url_are_never_logged(tmp_path):
 
 
 @pytest.mark.integration
-def test_an_oversized_answer_is_dropped_and_counted_not_buffered():
+def test_an_oversized_answer_is_dropped_and_counted_not_buffered() -> None:
     class B(FakeBehaviour):
         slots_body = b"[" + b'{"id": 0, "x": "' + b"a" * (50 << 20) + b'"}]'
 
@@ -477,7 +477,7 @@ def test_an_oversized_answer_is_dropped_and_counted_not_buffered():
 
 
 @pytest.mark.integration
-def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monkeypatch):
+def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """/health dripping a byte a second (15 s in all): down after the 1 s deadline, not when
     the answer ends. /slots dripping (60 s in all): given up after its own 5 s deadline, while
     /health, polled on its own thread, keeps reporting the truth. The scales are far apart so
@@ -526,7 +526,7 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
 
 
 @pytest.mark.integration
-def test_a_dripping_metrics_endpoint_is_down_in_time_and_delays_no_slots_poll():
+def test_a_dripping_metrics_endpoint_is_down_in_time_and_delays_no_slots_poll() -> None:
     class B(FakeBehaviour):
         drip = {"/metrics"}  # a byte every 0.2 s: minutes in all
         drip_interval = 0.2
@@ -556,7 +556,7 @@ def test_a_dripping_metrics_endpoint_is_down_in_time_and_delays_no_slots_poll():
 
 
 @pytest.mark.integration
-def test_a_burst_of_parallel_scrapes_is_answered(tmp_path):
+def test_a_burst_of_parallel_scrapes_is_answered(tmp_path: Path) -> None:
     """400 scrapes, 200 at a time (many Prometheus servers, a dashboard refresh storm)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -574,7 +574,7 @@ def test_a_burst_of_parallel_scrapes_is_answered(tmp_path):
     assert codes.count(200) == 400
 
 
-def test_a_server_family_with_too_many_series_is_cut_and_said():
+def test_a_server_family_with_too_many_series_is_cut_and_said() -> None:
     from llamacpp_exporter.sources.llama_server import MAX_SERVER_SERIES, TooManySeries
 
     text = "# TYPE llamacpp:requests_processing gauge\n" + "".join(
@@ -585,7 +585,7 @@ def test_a_server_family_with_too_many_series_is_cut_and_said():
     assert len(e.value.families[0].samples) == MAX_SERVER_SERIES
 
 
-def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing():
+def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing() -> None:
     import resource
 
     from llamacpp_exporter.sources.llama_server import slots_json
@@ -599,7 +599,7 @@ def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing():
 
 
 @pytest.mark.integration
-def test_an_exporter_thread_that_dies_ends_the_process_to_be_restarted(tmp_path):
+def test_an_exporter_thread_that_dies_ends_the_process_to_be_restarted(tmp_path: Path) -> None:
     # fault injection: the poller's loop raising past its own guard (a bug); the process must
     # not live on with frozen values
     script = (

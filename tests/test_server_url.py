@@ -33,11 +33,11 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
         ("http://127.0.0.1:99999", None),
     ],
 )
-def test_the_polled_url_of_a_listening_line(line, url):
+def test_the_polled_url_of_a_listening_line(line: str, url: str | None) -> None:
     assert polled_url(line) == url
 
 
-def test_without_a_url_the_default_ports_are_tried_in_turn_until_one_answers(caplog):
+def test_without_a_url_the_default_ports_are_tried_in_turn_until_one_answers(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     a = ServerAddress(None)
     assert DEFAULT_PORTS == (8080, 9931)
@@ -62,7 +62,7 @@ def test_without_a_url_the_default_ports_are_tried_in_turn_until_one_answers(cap
     assert caplog.text.count("polling llama-server at") == 3
 
 
-def test_a_given_url_is_kept_and_a_log_that_disagrees_is_warned_about_once(caplog):
+def test_a_given_url_is_kept_and_a_log_that_disagrees_is_warned_about_once(caplog: pytest.LogCaptureFixture) -> None:
     a = ServerAddress("http://user:secret@127.0.0.1:8080/")
     assert a.describe() == "http://user:xxxxx@127.0.0.1:8080 (given by --llama.url)"
     a.unreachable(a.url)
@@ -79,7 +79,7 @@ def test_a_given_url_is_kept_and_a_log_that_disagrees_is_warned_about_once(caplo
     ("log", "listening"),
     [("builds/b11434-lv4-text.log", "http://127.0.0.1:52285"), ("builds/b11549-lv4-text.log", "http://127.0.0.1:9931")],
 )
-def test_the_pipeline_hands_over_the_servers_listening_line_not_a_childs(log, listening):
+def test_the_pipeline_hands_over_the_servers_listening_line_not_a_childs(log: str, listening: str) -> None:
     seen: list[str] = []
     lines = (LOGS / log).read_text().splitlines()
     assert sum("listening on" in line for line in lines) == 1
@@ -97,7 +97,7 @@ def test_the_pipeline_hands_over_the_servers_listening_line_not_a_childs(log, li
     ("log", "url"),
     [("builds/b11434-lv4-text.log", "http://127.0.0.1:52285"), ("builds/b11549-lv4-text.log", "http://127.0.0.1:9931")],
 )
-def test_with_no_url_the_exporter_polls_where_the_log_says_and_tells_why(tmp_path, log, url):
+def test_with_no_url_the_exporter_polls_where_the_log_says_and_tells_why(tmp_path: Path, log: str, url: str) -> None:
     exp = ExporterProcess(["--llama.log-path", str(LOGS / log), "--llama.log-from-start"], tmp_path).start()
     try:
         why = f"polling llama-server at {url} (from the log's 'listening on {url}' line)"
@@ -122,7 +122,7 @@ def _port_free(port: int) -> bool:
 
 
 @pytest.mark.real_server
-def test_with_no_url_and_no_log_a_server_on_9931_is_found_and_polled(tmp_path):
+def test_with_no_url_and_no_log_a_server_on_9931_is_found_and_polled(tmp_path: Path) -> None:
     """b11549 and later listen on 9931 by default: a real llama-server there, nothing on 8080."""
     assert _port_free(8080) and _port_free(9931), "this test needs ports 8080 and 9931 free on 127.0.0.1"
     model, lora = model_files()

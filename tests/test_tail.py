@@ -41,7 +41,7 @@ def append(path: Path, text: str) -> None:
         fh.write(text)
 
 
-def test_starts_at_end_by_default_and_from_start_on_request(tmp_path):
+def test_starts_at_end_by_default_and_from_start_on_request(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_text("old 1\nold 2\n")
     c = Collect()
@@ -56,7 +56,7 @@ def test_starts_at_end_by_default_and_from_start_on_request(tmp_path):
     assert c2.lines == ["old 1", "old 2", "new"]
 
 
-def test_started_on_a_running_server_it_reads_the_run_again_from_its_start_banner(tmp_path):
+def test_started_on_a_running_server_it_reads_the_run_again_from_its_start_banner(tmp_path: Path) -> None:
     # INVENTED lines: an earlier run, then the current one, whose lines before the exporter
     # started are read again first, bracketed so that the pipeline counts none of them twice
     f = tmp_path / "s.log"
@@ -75,7 +75,7 @@ def test_started_on_a_running_server_it_reads_the_run_again_from_its_start_banne
     assert marks == [(True, 0), (False, 3)]
 
 
-def test_catching_up_reads_at_most_its_limit_from_a_line_start(tmp_path):
+def test_catching_up_reads_at_most_its_limit_from_a_line_start(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_text("".join(f"line {i:04d}\n" for i in range(1000)))  # no start banner: 10 bytes a line
     c = Collect()
@@ -84,7 +84,7 @@ def test_catching_up_reads_at_most_its_limit_from_a_line_start(tmp_path):
     assert c.lines == [f"line {i:04d}" for i in range(991, 1000)]  # whole lines within the last 95 bytes
 
 
-def test_run_start_finds_the_banner_across_chunks_and_at_the_file_start(tmp_path):
+def test_run_start_finds_the_banner_across_chunks_and_at_the_file_start(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_bytes(b"x llama_server: initializing ...\n" + b"y" * 3_000_000 + b"\nz\n")
     with open(f, "rb") as fh:
@@ -95,7 +95,7 @@ def test_run_start_finds_the_banner_across_chunks_and_at_the_file_start(tmp_path
         assert run_start(fh, 20, 64 << 20) == 0
 
 
-def test_run_start_of_a_router_is_the_routers_banner_not_a_childs(tmp_path):
+def test_run_start_of_a_router_is_the_routers_banner_not_a_childs(tmp_path: Path) -> None:
     # the recorded router log: its own banner first, then each child's, prefixed [port]
     src = LOGS / "router-two-models.log"
     f = tmp_path / "router.log"
@@ -110,7 +110,7 @@ def test_run_start_of_a_router_is_the_routers_banner_not_a_childs(tmp_path):
         assert run_start(fh, f.stat().st_size, 64 << 20) == 2_000_001
 
 
-def test_partial_last_line_waits_for_its_newline(tmp_path):
+def test_partial_last_line_waits_for_its_newline(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_text("")
     c = Collect()
@@ -124,7 +124,7 @@ def test_partial_last_line_waits_for_its_newline(tmp_path):
     assert c.lines == ["0.01.000.000 I slot launch_slot_: id  0 | task 1 | processing task, is_child = 0"]
 
 
-def test_rename_rotation_reads_the_rest_of_the_old_file_then_the_new(tmp_path):
+def test_rename_rotation_reads_the_rest_of_the_old_file_then_the_new(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_text("")
     c = Collect()
@@ -142,7 +142,7 @@ def test_rename_rotation_reads_the_rest_of_the_old_file_then_the_new(tmp_path):
     assert stats.rotations == 1
 
 
-def test_copytruncate(tmp_path):
+def test_copytruncate(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_text("")
     c = Collect()
@@ -159,7 +159,7 @@ def test_copytruncate(tmp_path):
     assert stats.truncations == 1
 
 
-def test_truncation_and_rewrite_past_the_old_offset_is_detected(tmp_path):
+def test_truncation_and_rewrite_past_the_old_offset_is_detected(tmp_path: Path) -> None:
     # llama-server --log-file opens with "w" at every start; by the next poll the new
     # process may have written more than we had read of the old one.
     f = tmp_path / "s.log"
@@ -175,7 +175,7 @@ def test_truncation_and_rewrite_past_the_old_offset_is_detected(tmp_path):
     assert len(c.lines) == 7
 
 
-def test_file_that_does_not_exist_yet_is_read_from_its_start(tmp_path):
+def test_file_that_does_not_exist_yet_is_read_from_its_start(tmp_path: Path) -> None:
     f = tmp_path / "later.log"
     c = Collect()
     fol, _ = follower(f, c)
@@ -185,7 +185,7 @@ def test_file_that_does_not_exist_yet_is_read_from_its_start(tmp_path):
     assert c.lines == ["first"]
 
 
-def test_oversized_line_is_dropped_and_counted_the_next_line_survives(tmp_path):
+def test_oversized_line_is_dropped_and_counted_the_next_line_survives(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_text("")
     c = Collect(max_line_bytes=1024)
@@ -198,7 +198,7 @@ def test_oversized_line_is_dropped_and_counted_the_next_line_survives(tmp_path):
     assert c.lines == ["ok"] and c.oversized == 1
 
 
-def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
+def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
     f = tmp_path / "s.log"
     f.write_bytes(b"")
     c = Collect()
@@ -211,7 +211,7 @@ def test_invalid_utf8_is_replaced_not_fatal(tmp_path):
 
 
 @pytest.mark.integration
-def test_stdin_stream():
+def test_stdin_stream() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "print('one'); print('two', end='')"], stdout=subprocess.PIPE)
     c = Collect()
     follow_stream(proc.stdout, c.splitter, threading.Event())
@@ -220,7 +220,7 @@ def test_stdin_stream():
 
 
 @pytest.mark.integration
-def test_command_is_followed_and_restarted(tmp_path):
+def test_command_is_followed_and_restarted(tmp_path: Path) -> None:
     marker = tmp_path / "runs"
     cmd = f"echo run >> {marker}; echo line-$(wc -l < {marker}); echo err 1>&2"
     c = Collect()
@@ -276,19 +276,19 @@ LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
 
 
 @pytest.mark.integration
-def test_exporter_reads_standard_input(tmp_path):
+def test_exporter_reads_standard_input(tmp_path: Path) -> None:
     text = _run_exporter_on(["--llama.log-path", "-"], LOG.read_bytes(), tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text
 
 
 @pytest.mark.integration
-def test_exporter_follows_a_command(tmp_path):
+def test_exporter_follows_a_command(tmp_path: Path) -> None:
     text = _run_exporter_on(["--llama.log-command", f"cat {LOG}; sleep 60"], None, tmp_path)
     assert 'llamacpp_requests_total{lora="unknown",model="",path="ram"} 30.0' in text
 
 
 @pytest.mark.integration
-def test_directory_watch_wakes_on_append(tmp_path):
+def test_directory_watch_wakes_on_append(tmp_path: Path) -> None:
     from llamacpp_exporter.sources.file import DirectoryWatch
 
     f = tmp_path / "s.log"
@@ -302,7 +302,7 @@ def test_directory_watch_wakes_on_append(tmp_path):
     w.close()
 
 
-def test_copytruncate_of_a_writer_without_append_skips_the_hole(tmp_path):
+def test_copytruncate_of_a_writer_without_append_skips_the_hole(tmp_path: Path) -> None:
     """llama-server opens --log-file with fopen("w"): after a copytruncate it writes on at its
     old offset, so the file starts with a hole that reads as zeros. No line is lost, nothing
     is oversized, and the hole is not read."""
@@ -369,7 +369,9 @@ LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 
 @pytest.mark.integration
-def test_a_command_that_replays_its_history_at_every_restart_counts_each_request_once(caplog):
+def test_a_command_that_replays_its_history_at_every_restart_counts_each_request_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """`docker logs -f` / `journalctl -f` print history when started again. A command that
     prints a recorded 32-request log and exits, run three times: still 32 requests."""
     log = LOGS / "lv4-np2-text.log"
@@ -391,7 +393,7 @@ def test_a_command_that_replays_its_history_at_every_restart_counts_each_request
 
 
 @pytest.mark.integration
-def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tmp_path):
+def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tmp_path: Path) -> None:
     """`tail -n 10 -F` killed three times while llama-server's recorded log is written in four
     parts: each restart prints the last 10 lines again (earlier timestamps: a false restart and
     requests cut short before). They are dropped; the records are those of the log read once."""
@@ -445,7 +447,7 @@ def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tm
     assert sorted(map(key, recs)) == sorted(map(key, expected))
 
 
-def test_a_log_without_timestamps_rewritten_past_our_offset_while_paused_is_read_again(tmp_path):
+def test_a_log_without_timestamps_rewritten_past_our_offset_while_paused_is_read_again(tmp_path: Path) -> None:
     """llama-server restarted with --log-file and --no-log-prefix while the exporter was paused:
     the new run's first lines read exactly like the old run's and the file is already longer
     than the old offset. The bytes just before the offset changed: read from the start."""
@@ -470,7 +472,7 @@ def test_a_log_without_timestamps_rewritten_past_our_offset_while_paused_is_read
     assert c.lines[len(old) :] == [ln.rstrip("\n") for ln in new]
 
 
-def test_the_exporter_queues_the_lines_of_a_read_as_batches_in_order():
+def test_the_exporter_queues_the_lines_of_a_read_as_batches_in_order() -> None:
     # one queue item per read (at most LINE_BATCH lines), an oversized line's mark between the
     # lines before and after it, a partial last line held until its newline or a flush
     from llamacpp_exporter.app import LINE_BATCH, _LineBatches
@@ -532,7 +534,7 @@ def _runs(tmp_path: Path, *scripts: str) -> str:
 
 
 @pytest.mark.integration
-def test_a_restarted_command_hands_on_its_new_lines_before_a_quiet_spell(tmp_path):
+def test_a_restarted_command_hands_on_its_new_lines_before_a_quiet_spell(tmp_path: Path) -> None:
     history = "".join(f"line {i}\\n" for i in range(5))
     cmd = _runs(tmp_path, f"printf '{history}'", f"printf '{history}line 5\\nline 6\\n'; sleep 60")
     items = _Items()
@@ -547,7 +549,7 @@ def test_a_restarted_command_hands_on_its_new_lines_before_a_quiet_spell(tmp_pat
 
 
 @pytest.mark.integration
-def test_a_restarted_command_on_a_server_that_never_pauses_counts_on(tmp_path):
+def test_a_restarted_command_on_a_server_that_never_pauses_counts_on(tmp_path: Path) -> None:
     history = "".join(f"line {i}\\n" for i in range(5))
     busy = "i=5; while true; do echo line $i; i=$((i+1)); sleep 0.05; done"  # a line every 50 ms
     cmd = _runs(tmp_path, f"printf '{history}'", f"printf '{history}'; {busy}")
@@ -563,7 +565,7 @@ def test_a_restarted_command_on_a_server_that_never_pauses_counts_on(tmp_path):
 
 
 @pytest.mark.integration
-def test_a_command_killed_mid_line_is_matched_again_on_restart(tmp_path):
+def test_a_command_killed_mid_line_is_matched_again_on_restart(tmp_path: Path) -> None:
     # the first run ends in the middle of a line; the restart prints the whole history again
     cmd = _runs(
         tmp_path, "printf 'line 0\\nline 1\\nline 2\\nli'", "printf 'line 0\\nline 1\\nline 2\\nline 3\\n'; sleep 60"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from llamacpp_exporter.assemble.timeline import MAX_PREFILL_HISTORY, PrefillTimeline, union_us
 
 
-def test_a_prefill_runs_from_its_first_batch_to_its_end_and_overlaps_other_slots():
+def test_a_prefill_runs_from_its_first_batch_to_its_end_and_overlaps_other_slots() -> None:
     t = PrefillTimeline()
     t.launched(0, task=1, at=100)
     t.first_batch(0, task=1, at=150)  # waited for another slot's batch before its own
@@ -21,7 +21,7 @@ def test_a_prefill_runs_from_its_first_batch_to_its_end_and_overlaps_other_slots
     assert t.settled_before(1, 150)  # ... but not one that ended before it began
 
 
-def test_the_servers_timings_fix_the_interval_and_the_release_settles_it():
+def test_the_servers_timings_fix_the_interval_and_the_release_settles_it() -> None:
     t = PrefillTimeline()
     t.launched(0, task=1, at=100)
     t.ended(0, at=420)
@@ -32,7 +32,7 @@ def test_the_servers_timings_fix_the_interval_and_the_release_settles_it():
     assert list(t.overlapping(1, 550, 1000)) == [(2, 550, 600)] and t.settled_before(1, 1000)
 
 
-def test_history_is_bounded_and_union_counts_overlaps_once():
+def test_history_is_bounded_and_union_counts_overlaps_once() -> None:
     t = PrefillTimeline()
     for i in range(MAX_PREFILL_HISTORY + 5):
         t.launched(0, task=i, at=i * 10)
@@ -50,7 +50,7 @@ def test_history_is_bounded_and_union_counts_overlaps_once():
     ),
     st.integers(0, 3000),
 )
-def test_settled_before_agrees_with_every_prefill_being_checked(ops, end):
+def test_settled_before_agrees_with_every_prefill_being_checked(ops, end) -> None:
     """settled_before keeps only the prefills not yet exact; it must answer as a scan of all
     of them would, whatever the order of events (and past the history cap)."""
     t = PrefillTimeline()
@@ -73,7 +73,7 @@ def test_settled_before_agrees_with_every_prefill_being_checked(ops, end):
             assert t.settled_before(s, end) == brute
 
 
-def test_the_largest_overlapping_prefill_is_the_biggest_other_slot_prefill_in_the_span():
+def test_the_largest_overlapping_prefill_is_the_biggest_other_slot_prefill_in_the_span() -> None:
     t = PrefillTimeline()
     t.launched(1, 10, 0)
     t.timed(1, 10, 0, 100, tokens=4000)  # slot 1: a large prefill 0-100

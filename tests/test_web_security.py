@@ -61,7 +61,7 @@ def start_with_web_config(web: Path, stderr: Path) -> tuple[subprocess.Popen, in
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
+def secured(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("web")
     ca, crt, key = make_certs(d)
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
@@ -88,7 +88,7 @@ def secured(tmp_path_factory):
     assert "Traceback" not in (d / "exporter.stderr").read_text()
 
 
-def test_tls_and_basic_auth_are_enforced(secured):
+def test_tls_and_basic_auth_are_enforced(secured) -> None:
     url, ca = secured["url"], ssl.create_default_context(cafile=str(secured["ca"]))
     assert httpx.get(url + "/metrics", verify=ca).status_code == 401
     assert httpx.get(url + "/metrics", verify=ca, auth=("prometheus", "wrong")).status_code == 401
@@ -99,7 +99,7 @@ def test_tls_and_basic_auth_are_enforced(secured):
         httpx.get(f"http://127.0.0.1:{secured['port']}/metrics", timeout=3)
 
 
-def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured, tmp_path):
+def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured, tmp_path: Path) -> None:
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")
 
@@ -119,7 +119,7 @@ def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured, tmp_path):
     assert PASSWORD not in ok.stderr + no_auth.stderr + untrusted.stderr
 
 
-def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path):
+def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path: Path) -> None:
     target = f"127.0.0.1:{secured['port']}"
     job = {
         "scheme": "https",
@@ -151,7 +151,7 @@ def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path)
         prom.stop()
 
 
-def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secured):
+def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secured) -> None:
     import socket
 
     stalled = socket.create_connection(("127.0.0.1", secured["port"]))
@@ -164,7 +164,7 @@ def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secure
         stalled.close()
 
 
-def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured):
+def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured) -> None:
     """TLS clients that send a scrape and close without reading the answer (reset, no
     close_notify: the server's send raises SSLEOFError or a reset) are the client's doing: the
     exporter logs no traceback and keeps answering."""
@@ -202,21 +202,21 @@ def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured):
         ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load"),
     ],
 )
-def test_bad_web_config_is_a_clear_error(tmp_path, doc, message):
+def test_bad_web_config_is_a_clear_error(tmp_path: Path, doc, message: str) -> None:
     f = tmp_path / "web.yml"
     f.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_web_config(str(f))
 
 
-def test_a_web_config_that_is_not_text_is_a_clear_error(tmp_path):
+def test_a_web_config_that_is_not_text_is_a_clear_error(tmp_path: Path) -> None:
     f = tmp_path / "web.yml"
     f.write_bytes(b"\xff\xfe\x00binary")
     with pytest.raises(ConfigError, match="not text"):
         load_web_config(str(f))
 
 
-def test_config_check_rejects_a_bad_web_config(tmp_path):
+def test_config_check_rejects_a_bad_web_config(tmp_path: Path) -> None:
     f = tmp_path / "web.yml"
     f.write_text("basic_auth_users: {u: plaintext}\n")
     res = subprocess.run(
@@ -233,7 +233,7 @@ def _basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path):
+def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path: Path) -> None:
     # timing would otherwise tell which user names exist
     f = tmp_path / "web.yml"
     f.write_text(
@@ -253,7 +253,7 @@ def test_an_unknown_user_costs_as_much_as_a_wrong_password(tmp_path):
     assert web.authorized(_basic("prometheus", "pw"))
 
 
-def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path):
+def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path: Path) -> None:
     import threading
 
     from llamacpp_exporter.export import web_config as webmod
@@ -290,7 +290,7 @@ def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path):
     assert 1 <= most <= webmod.BCRYPT_CONCURRENCY
 
 
-def test_a_flood_of_idle_connections_never_spins_and_scrapes_are_answered_again(tmp_path):
+def test_a_flood_of_idle_connections_never_spins_and_scrapes_are_answered_again(tmp_path: Path) -> None:
     """1,100 idle connections against the usual limit of 1,024 open files: the exporter
     closes what it cannot serve, does not spin on a full descriptor table, and answers scrapes
     again once the idle connections time out."""
@@ -387,7 +387,7 @@ def _closed(text: str) -> dict[str, float]:
     return {dict(k)["reason"]: v for k, v in samples(text, "llamacpp_exporter_http_connections_closed_total").items()}
 
 
-def test_hundreds_of_idle_and_half_sent_connections_leave_scrapes_answered(tmp_path):
+def test_hundreds_of_idle_and_half_sent_connections_leave_scrapes_answered(tmp_path: Path) -> None:
     proc, port = _start_exporter(tmp_path)
     url = f"http://127.0.0.1:{port}"
     held = []
@@ -412,7 +412,7 @@ def test_hundreds_of_idle_and_half_sent_connections_leave_scrapes_answered(tmp_p
     assert "Traceback" not in (tmp_path / "exporter.stderr").read_text()
 
 
-def test_slow_tls_clients_leave_tls_scrapes_answered(secured):
+def test_slow_tls_clients_leave_tls_scrapes_answered(secured) -> None:
     ca = ssl.create_default_context(cafile=str(secured["ca"]))
     before = _closed(httpx.get(secured["url"] + "/metrics", verify=ca, auth=("prometheus", PASSWORD), timeout=10).text)
     held = _hold_slow_clients(secured["port"], 400, tls=ca)
@@ -430,7 +430,7 @@ def test_slow_tls_clients_leave_tls_scrapes_answered(secured):
             s.close()
 
 
-def test_at_the_open_file_limit_a_new_scrape_is_answered_and_nothing_spins(tmp_path):
+def test_at_the_open_file_limit_a_new_scrape_is_answered_and_nothing_spins(tmp_path: Path) -> None:
     proc, port = _start_exporter(tmp_path, nofile=256)
     url = f"http://127.0.0.1:{port}"
     held = []
@@ -467,7 +467,7 @@ def _served_certificate(port: int) -> bytes:
     return der
 
 
-def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_file_keeps_the_old(tmp_path):
+def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_file_keeps_the_old(tmp_path: Path) -> None:
     """As the exporter-toolkit does: cert-manager (or anyone) writes a new certificate and key
     over the files the web configuration names, and the next connection gets the new one; a
     configuration that no longer loads keeps the one in force, says so in the log and in

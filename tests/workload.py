@@ -220,7 +220,7 @@ def contention_workload(
     done = threading.Event()
 
     def guarded(fn):
-        def run(*args):
+        def run(*args) -> None:
             try:
                 fn(*args)
             except BaseException as e:  # noqa: BLE001 - surfaced by the caller
@@ -229,7 +229,7 @@ def contention_workload(
 
         return run
 
-    def chat(name: str, words: int, turns: int, max_tokens: int, lora_scales: list[float] | None, delay: float):
+    def chat(name: str, words: int, turns: int, max_tokens: int, lora_scales: list[float] | None, delay: float) -> None:
         rng = random.Random(f"{seed}-{name}")
         _chat(
             url,
