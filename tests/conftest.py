@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
-def pytest_addoption(parser) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite the golden files from the current output")
 
 
 TIERS = ("integration", "real_server")
 
 
-def pytest_configure(config) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "fast: pure (no process, no sleep, no network): every test not marked otherwise")
     config.addinivalue_line(
         "markers", "integration: starts processes (the exporter, promtool, Prometheus) or serves HTTP"
@@ -28,20 +29,20 @@ def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "real_server: runs a real llama-server (built and cached by the test set-up)")
 
 
-def pytest_collection_modifyitems(config, items) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(t) for t in TIERS):
             item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(autouse=True)
-def _fast_tests_stay_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+def _fast_tests_stay_pure(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """A fast test that starts a process, sleeps or opens a socket fails: mark it integration."""
     if request.node.get_closest_marker("fast") is None:
         return
 
-    def refuse(what: str):
-        def refused(*args, **kwargs) -> None:
+    def refuse(what: str) -> Callable[..., None]:
+        def refused(*args: object, **kwargs: object) -> None:
             raise AssertionError(f"a fast test must not {what}: mark it pytest.mark.integration")
 
         return refused
@@ -53,7 +54,7 @@ def _fast_tests_stay_pure(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _no_process_outlives_the_session():
+def _no_process_outlives_the_session() -> Iterator[None]:
     yield
     from realserver import STARTED, terminate
 
@@ -64,7 +65,7 @@ def _no_process_outlives_the_session():
 
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
-    return request.config.getoption("--update-golden")
+    return bool(request.config.getoption("--update-golden"))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -86,13 +87,14 @@ def free_port() -> int:
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Prometheus:
     """A real Prometheus (Debian's package) on a loopback port with its own storage."""
 
-    def __init__(self, workdir: Path, config: dict) -> None:
+    def __init__(self, workdir: Path, config: dict[str, Any]) -> None:
         self.workdir = workdir
         self.port = free_port()
         workdir.mkdir(parents=True, exist_ok=True)
@@ -135,9 +137,10 @@ class Prometheus:
 
         wait_for(scraped_again, f"prometheus scraping its {n_targets} targets twice", timeout, 0.3)
 
-    def query(self, promql: str) -> dict:
+    def query(self, promql: str) -> dict[str, Any]:
         r = httpx.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10)
-        return r.json()
+        answer: dict[str, Any] = r.json()
+        return answer
 
     def stop(self) -> None:
         self.proc.terminate()

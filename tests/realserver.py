@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
@@ -32,7 +32,8 @@ T = TypeVar("T")
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def llama_server_binary() -> Path:
@@ -72,7 +73,7 @@ def wait_for(
         try:
             last = condition()
             if last:
-                return last  # type: ignore[return-value]
+                return last
         except ignore as e:
             last = e
         if time.monotonic() > deadline:
@@ -80,7 +81,7 @@ def wait_for(
         time.sleep(interval)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, what: str) -> None:
+def wait_healthy(proc: subprocess.Popen[Any], url: str, timeout: float, what: str) -> None:
     def up() -> bool:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}")
@@ -91,10 +92,10 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, what: str) ->
 
 # every process a test started: one that a failing test never stopped is stopped at the end of
 # the session (tests/conftest.py), never left running after the tests
-STARTED: list[subprocess.Popen] = []
+STARTED: list[subprocess.Popen[Any]] = []
 
 
-def terminate(proc: subprocess.Popen | None) -> None:
+def terminate(proc: subprocess.Popen[Any] | None) -> None:
     if proc is not None and proc.poll() is None:
         proc.terminate()
         try:
@@ -120,7 +121,7 @@ class LlamaServer:
     log_file: bool = False  # True: llama-server writes the log itself (--log-file, truncated at each start)
     extra: list[str] = field(default_factory=list)
     port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[Any] | None = None
 
     @property
     def url(self) -> str:
@@ -185,13 +186,13 @@ class BusyLoop:
 
     def __init__(self, cpu: str) -> None:
         self.cpu = cpu
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[Any] | None = None
 
     def __enter__(self) -> BusyLoop:
         self.proc = subprocess.Popen(["taskset", "-c", self.cpu, sys.executable, "-c", "while True: pass"])
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
             self.proc.kill()
             self.proc.wait()
@@ -204,7 +205,7 @@ class ExporterProcess:
     args: list[str]
     workdir: Path
     port: int = 0
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[Any] | None = None
     # an installed exporter: its entry point (and how it is started, e.g. as another user)
     command: list[str] = field(default_factory=lambda: [sys.executable, "-m", "llamacpp_exporter"])
     env: dict[str, str] | None = None
@@ -259,7 +260,7 @@ class ExporterProcess:
         self.proc = None
 
 
-def save_recording(server: LlamaServer, truths: list, out: Path, name: str) -> str:
+def save_recording(server: LlamaServer, truths: list[Any], out: Path, name: str) -> str:
     """A recorded run as a fixture: the server's log (model paths rewritten to /models) as
     ``<name>.log`` and each response's ground truth as ``<name>.truth.jsonl``. Returns the log."""
     text = server.log_path.read_text(errors="replace").replace(str(MODELS), "/models")

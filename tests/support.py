@@ -7,7 +7,9 @@ import dataclasses
 import json
 import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,7 +21,7 @@ from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.offline.analyze import read_events
 from llamacpp_exporter.pipeline import Pipeline
-from llamacpp_exporter.records import RequestRecord
+from llamacpp_exporter.records import JoinSource, RequestRecord
 
 
 def value(registry: CollectorRegistry, name: str, labels: dict[str, str] | None = None) -> float:
@@ -36,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 
 
-def by_timings(recs: list[RequestRecord], t: dict) -> RequestRecord:
+def by_timings(recs: list[RequestRecord], t: dict[str, Any]) -> RequestRecord:
     m = [
         r
         for r in recs
@@ -53,7 +55,9 @@ def log_lines(name: str) -> list[str]:
     return (LOGS / name).read_text(errors="replace").splitlines()
 
 
-def replay_records(lines, settings=None) -> tuple[list[RequestRecord], Pipeline]:
+def replay_records(
+    lines: Iterable[str], settings: AssemblySettings | None = None
+) -> tuple[list[RequestRecord], Pipeline]:
     recs: list[RequestRecord] = []
     pl = Pipeline(CollectorRegistry(), settings, on_record=recs.append, clock=lambda: 0.0)
     for line in lines:
@@ -62,7 +66,7 @@ def replay_records(lines, settings=None) -> tuple[list[RequestRecord], Pipeline]
     return recs, pl
 
 
-def truths(name: str) -> list[dict]:
+def truths(name: str) -> list[dict[str, Any]]:
     return [json.loads(x) for x in (LOGS / name).read_text().splitlines()]
 
 
@@ -77,11 +81,11 @@ def grouping_accuracy(pairs: list[tuple[str, str]]) -> float:
     return sum(first[g] == c for c, g in pairs) / len(pairs)
 
 
-def replay(lines, ps=None, proven: bool = True) -> list[RequestRecord]:
+def replay(lines: Iterable[str], ps: Pseudonymizer | None = None, proven: bool = True) -> list[RequestRecord]:
     """The records of a log; with ``proven``, each as the conversation series and analyze see
     it: a conversation proven after its record went out (the record said "uncertain") applied."""
     recs: list[RequestRecord] = []
-    proofs: dict[tuple, tuple[str, str]] = {}
+    proofs: dict[tuple[Any, ...], tuple[str, str]] = {}
     pl = Pipeline(
         CollectorRegistry(),
         on_record=recs.append,
@@ -94,7 +98,7 @@ def replay(lines, ps=None, proven: bool = True) -> list[RequestRecord]:
     pl.flush()
     if proven:
         recs = [
-            dataclasses.replace(r, conversation=proofs[k][0], conversation_source=proofs[k][1])
+            dataclasses.replace(r, conversation=proofs[k][0], conversation_source=cast(JoinSource, proofs[k][1]))
             if (k := (r.epoch, r.task)) in proofs
             else r
             for r in recs
@@ -140,7 +144,7 @@ def exported_metric_names() -> set[str]:
     return names
 
 
-def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
+def match(records: list[dict[str, Any]], truths: list[Truth]) -> list[tuple[Truth, dict[str, Any]]]:
     """Pair each response with its record by the server's own prefill and decode times
     (printed to 0.01 ms in the log, returned unrounded in the response)."""
     pairs = []
@@ -158,7 +162,7 @@ def match(records: list[dict], truths: list[Truth]) -> list[tuple[Truth, dict]]:
     return pairs
 
 
-def samples(text: str, name: str) -> dict[tuple, float]:
+def samples(text: str, name: str) -> dict[tuple[Any, ...], float]:
     """A family's samples by their labels; an empty label is no label, as Prometheus stores it
     (a plain server's model="")."""
     out = {}
@@ -187,8 +191,8 @@ def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterP
     ).start()
 
 
-def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
-    def enough() -> list[dict]:
+def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    def enough() -> list[dict[str, Any]]:
         # the records, each with a conversation proven after it was written (a proof line)
         recs = [json.loads(json.dumps(r.to_event())) for r in read_events([str(path)])[0]] if path.exists() else []
         return recs if len(recs) >= n else []
@@ -196,13 +200,13 @@ def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict]:
     return wait_for(enough, f"{n} records in {path}", timeout, 0.2)
 
 
-def expected_from_truth(rows: list[dict], settings: AssemblySettings) -> dict:
+def expected_from_truth(rows: list[dict[str, Any]], settings: AssemblySettings) -> dict[str, Any]:
     """The report's figures computed from the responses alone, independently of the exporter."""
-    out: dict = {"total": len(rows), "prompt": 0, "reused": 0, "with_outcome": 0, "misses": 0}
+    out: dict[str, Any] = {"total": len(rows), "prompt": 0, "reused": 0, "with_outcome": 0, "misses": 0}
     out.update({"chh_considered": 0, "chh_misses": 0, "first_of_conversation": 0, "prefix_changed": 0})
     out["conversation_unknown"] = 0  # rows whose conv is None: the log could not prove it
     by_lora: dict[str, list[int]] = {}
-    previous: dict[str, dict] = {}
+    previous: dict[str, dict[str, Any]] = {}
     for t in sorted(rows, key=lambda t: t["t_start"]):
         prompt = t["cache_n"] + t["prompt_n"]
         out["prompt"] += prompt

@@ -15,6 +15,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import httpx
 import matplotlib.image
@@ -40,14 +41,14 @@ WITH_TRUTH = [
 ]
 
 
-def json_report(paths: list[str], settings: AssemblySettings, events: list[str] | None = None) -> dict:
+def json_report(paths: list[str], settings: AssemblySettings, events: list[str] | None = None) -> dict[str, Any]:
     result = analyze.analyze(analyze.Inputs(paths, events or []), settings)
-    return report.build(result.records, conversations=result.conversations, sources=result.sources)
+    return dict(report.build(result.records, conversations=result.conversations, sources=result.sources))
 
 
 @pytest.mark.parametrize("min_prompt_tokens", [1, 1024])
 @pytest.mark.parametrize("name", WITH_TRUTH)
-def test_every_count_and_rate_equals_the_ground_truth(name, min_prompt_tokens: int) -> None:
+def test_every_count_and_rate_equals_the_ground_truth(name: str, min_prompt_tokens: int) -> None:
     settings = AssemblySettings(min_prompt_tokens=min_prompt_tokens)
     want = expected_from_truth(truths(f"{name}.truth.jsonl"), settings)
     rep = json_report([str(LOGS / f"{name}.log")], settings)
@@ -148,7 +149,16 @@ def test_several_server_runs_in_one_log(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ the rules, on invented records
-def rec(conv, start_s, end_s, prompt, reused, epoch=0, lora="none", path="ram"):
+def rec(
+    conv: str | None,
+    start_s: float,
+    end_s: float,
+    prompt: int,
+    reused: int,
+    epoch: int = 0,
+    lora: Any = "none",
+    path: Any = "ram",
+) -> RequestRecord:
     """An invented record (only the fields the rules read)."""
     o = outcome(prompt, reused, 1, 0.9, 0.1)
     return RequestRecord(
@@ -241,7 +251,7 @@ def test_bad_arguments_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 # ------------------------------------------------------------------ live exporter and analyze agree
-def live_vs_report(metrics_text: str, rep: dict) -> list[tuple[str, float, float]]:
+def live_vs_report(metrics_text: str, rep: dict[str, Any]) -> list[tuple[str, float, float]]:
     """(what, live counter, analyze's figure) for every request counter the exporter exports."""
     pairs = []
 
@@ -388,10 +398,11 @@ def test_backfilled_history_answers_the_dashboards_query_in_a_real_prometheus(tm
     prom = Prometheus(tmp_path / "prometheus", {"global": {"scrape_interval": "1h"}, "scrape_configs": []})
     try:
 
-        def at(promql: str, t: float) -> list[dict]:
+        def at(promql: str, t: float) -> list[dict[str, Any]]:
             r = httpx.get(prom.url + "/api/v1/query", params={"query": promql, "time": t}, timeout=30)
             r.raise_for_status()
-            return r.json()["data"]["result"]
+            series: list[dict[str, Any]] = r.json()["data"]["result"]
+            return series
 
         t = last_line + 60
         total = at('sum(llamacpp_requests_total{job="llamacpp"}) + sum(llamacpp_requests_cancelled_total)', t)
@@ -428,9 +439,10 @@ def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_
 
 
 # ------------------------------------------------------------------ windows and comparisons
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert analyze.main([*argv, "--format", "json", "--min-prompt-tokens", "1"]) == 0
-    return json.loads(capsys.readouterr().out)
+    rep: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return rep
 
 
 def test_two_windows_split_every_count_of_the_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -571,8 +583,8 @@ def test_unreadable_and_foreign_input_is_reported_never_a_crash(
         assert out.out == "" and f"read from {path} is a line of llama-server's log" in out.err, out.err
     analyze.main([str(noise)])
     assert "not text" in capsys.readouterr().err
-    out = tmp_path / "no-such-dir" / "x.om"
-    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--openmetrics", str(out)]) == 1
+    missing = tmp_path / "no-such-dir" / "x.om"
+    assert analyze.main([str(LOGS / "lv4-np2-text.log"), "--openmetrics", str(missing)]) == 1
     assert "cannot write" in capsys.readouterr().err
 
 
@@ -580,7 +592,7 @@ def test_a_prompt_that_leaves_its_conversations_own_state_early_changed_its_pref
     """Invented records: the server compared the prompt with the previous request's own state
     (state_source_task) and kept less than 90% of the previous prompt."""
 
-    def pair(reused: int, source: int | None, **extra) -> list[RequestRecord]:
+    def pair(reused: int, source: int | None, **extra: Any) -> list[RequestRecord]:
         first = replace(rec("a", 0, 1, 2000, 0), task=7)
         second = replace(rec("a", 2, 3, 2600, reused), task=8, state_source_task=source, **extra)
         return [first, second]
@@ -651,8 +663,7 @@ def test_analyze_of_a_log_applies_the_conversations_proven_after_their_records()
         r.conversation_source == "uncertain" for r in proven
     )  # the case this test is about
     recs = analyze.analyze(analyze.Inputs([str(LOGS / name)], []), pseudonymize=Pseudonymizer("test-salt")).records
-    key = lambda r: (r.slot, r.task)  # noqa: E731
-    got = {key(r): (r.conversation, r.conversation_source) for r in recs}
+    got = {(r.slot, r.task): (r.conversation, r.conversation_source) for r in recs}
     assert got == {(r.slot, r.task): (r.conversation, r.conversation_source) for r in proven}
 
 

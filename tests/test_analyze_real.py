@@ -17,7 +17,7 @@ pytestmark = pytest.mark.real_server
 
 @pytest.mark.parametrize("n_parallel", [1, 2])
 def test_a_rewritten_history_is_a_changed_prefix_never_a_miss_that_could_have_hit(
-    parts, tmp_path: Path, n_parallel: int
+    parts: tuple[Path, Path, Path], tmp_path: Path, n_parallel: int
 ) -> None:
     """One slot: each conversation's state comes back from the RAM cache; two slots: it
     stays on its slot. Either way the server compares the new prompt with the conversation's

@@ -9,6 +9,7 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -25,7 +26,7 @@ SETTINGS = AssemblySettings(min_prompt_tokens=1)
 OPTS = analyze.Options(min_prompt_tokens=1)
 
 
-def in_memory(result: analyze.Analysis, since: float | None = None, until: float | None = None) -> dict:
+def in_memory(result: analyze.Analysis, since: float | None = None, until: float | None = None) -> dict[str, Any]:
     """The report as analyze made it from its records in memory (the reference)."""
     windowed = since is not None or until is not None
     every = result.records  # one list: the window's records are the history's own objects
@@ -43,11 +44,11 @@ def in_memory(result: analyze.Analysis, since: float | None = None, until: float
     )
     if windowed and undated:
         rep["unknown"].append(analyze.undated_unknown(undated))
-    return rep
+    return dict(rep)
 
 
 @pytest.mark.parametrize("log", ALL_LOGS)
-def test_the_streamed_report_is_the_in_memory_one_on_every_recorded_log(log) -> None:
+def test_the_streamed_report_is_the_in_memory_one_on_every_recorded_log(log: str) -> None:
     result = analyze.analyze(analyze.Inputs([str(LOGS / log)], []), SETTINGS, Pseudonymizer("salt"))
     try:
         # the store follows conversations in the order sorted() gives the records in memory

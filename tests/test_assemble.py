@@ -3,6 +3,8 @@ responses' ground truth, and on the edge cases that a live stream brings."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from prometheus_client import CollectorRegistry
 from support import by_timings, log_lines, replay_records, truths, value
@@ -51,7 +53,15 @@ def test_lv3_prefill_and_decode_exact_reuse_unknown() -> None:
     assert value(pl.registry, "llamacpp_exporter_cache_diagnostics_available") == 0
 
 
-def snapshot(slot: int, task: int, lora, processing=True, cache=None, processed=0, decoded=0) -> SlotsSnapshot:
+def snapshot(
+    slot: int,
+    task: int,
+    lora: tuple[tuple[int, float], ...] | None,
+    processing: bool = True,
+    cache: int | None = None,
+    processed: int = 0,
+    decoded: int = 0,
+) -> SlotsSnapshot:
     return SlotsSnapshot((SlotState(slot, task, processing, None, processed, cache, decoded, lora),))
 
 
@@ -112,8 +122,10 @@ def test_outcome_thresholds_are_configurable() -> None:
     assert sum(r.outcome is not None for r in low) > sum(r.outcome is not None for r in default)
     for r in low:
         if r.outcome == "hit":
+            assert r.reused_tokens is not None and r.prompt_tokens
             assert r.reused_tokens / r.prompt_tokens >= 0.9
         elif r.outcome == "miss":
+            assert r.reused_tokens is not None and r.prompt_tokens
             assert r.reused_tokens / r.prompt_tokens < 0.1 and r.miss_cause
 
 
@@ -181,7 +193,7 @@ def test_state_is_bounded_under_endless_tasks() -> None:
 
 
 class _NullSink:
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return lambda *args, **kw: None
 
 
@@ -199,7 +211,7 @@ def test_overlap_agrees_with_the_servers_own_timings(log: str) -> None:
     """Each record's overlap with other slots' prefills, against an independent reading of the
     log's print_timing lines (decode ends at the eval line; decode and prefill times are the
     server's). A record must wait until the prefills it overlaps have their exact times."""
-    tasks: dict[int, dict] = {}
+    tasks: dict[int, dict[str, Any]] = {}
     for line in log_lines(log + ".log"):
         pl = p.parse_line(line)
         ev = pl.event
@@ -233,7 +245,7 @@ def test_overlap_agrees_with_the_servers_own_timings(log: str) -> None:
         assert abs(got - want) < 1e-6, (task, got, want)
 
 
-def _by_turn(name: str) -> list[tuple[dict, RequestRecord]]:
+def _by_turn(name: str) -> list[tuple[dict[str, Any], RequestRecord]]:
     """Sequential requests on one slot: the n-th record is the n-th response."""
     recs, _ = replay_records(log_lines(f"{name}.log"))
     rows = truths(f"{name}.truth.jsonl")

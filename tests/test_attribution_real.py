@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import BusyLoop, ExporterProcess, LlamaServer, wait_for
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.real_server
 SALT = "a-test-salt-of-enough-length"
 
 
-def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path: Path) -> None:
+def test_clients_with_ids_that_give_up_while_queued_are_named(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     salt = tmp_path / "salt"
     salt.write_text(SALT + "\n")
     events = tmp_path / "events.jsonl"
@@ -88,11 +89,11 @@ def test_clients_with_ids_that_give_up_while_queued_are_named(parts, tmp_path: P
     assert not differ
 
 
-def _read(events) -> list[dict]:
+def _read(events: Path) -> list[dict[str, Any]]:
     return [json.loads(json.dumps(r.to_event())) for r in read_events([str(events)])[0]]
 
 
-def _matches(events, truths) -> bool:
+def _matches(events: Path, truths: list[Any]) -> bool:
     try:
         match(_read(events), truths)
         return True

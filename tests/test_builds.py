@@ -27,11 +27,16 @@ def test_every_tested_build_has_its_four_logs() -> None:
 
 
 @pytest.mark.parametrize("path", LOGS, ids=lambda p: p.stem)
-def test_what_each_build_gets_right_and_what_it_reports_unavailable(path, caplog: pytest.LogCaptureFixture) -> None:
+def test_what_each_build_gets_right_and_what_it_reports_unavailable(
+    path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     recs, pl = replay_records(path.read_text(errors="replace").splitlines())
     truth = [json.loads(x) for x in path.with_suffix(".truth.jsonl").read_text().splitlines()]
-    lines = lambda r: value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": r})  # noqa: E731
+
+    def lines(result: str) -> float:
+        return value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": result})
+
     assert lines("unrecognized") == 0 and lines("unreadable") == 0
     recs.sort(key=lambda r: r.task)
     assert len(recs) == len(truth)

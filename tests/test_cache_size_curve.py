@@ -8,6 +8,7 @@ larger run measured; each response's cache_n is the ground truth of every hit an
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -38,7 +39,7 @@ def records(name: str) -> tuple[list[RequestRecord], Pipeline]:
 
 
 @pytest.mark.parametrize("name", EVICTING)
-def test_each_evicted_miss_is_a_miss_and_needed_more_than_the_cache_it_missed_in(name) -> None:
+def test_each_evicted_miss_is_a_miss_and_needed_more_than_the_cache_it_missed_in(name: str) -> None:
     recs, _ = records(name)
     truth = truths(f"{name}.truth.jsonl")
     assert len(recs) == len(truth)
@@ -47,11 +48,11 @@ def test_each_evicted_miss_is_a_miss_and_needed_more_than_the_cache_it_missed_in
     for r, t in evicted:
         # the server computed it again, all but the chat template's first tokens
         assert t["prompt_n"] + t["cache_n"] == r.prompt_tokens and t["cache_n"] == r.reused_tokens
-        assert t["cache_n"] < 0.1 * r.prompt_tokens
+        assert r.prompt_tokens is not None and t["cache_n"] < 0.1 * r.prompt_tokens
         # evicted under the limit in force: keeping it needed more
         assert r.cache_size_needed_bytes is not None and r.cache_limit_bytes
         assert r.cache_size_needed_bytes > r.cache_limit_bytes
-        assert r.evicted_entry_tokens and r.evicted_entry_tokens < r.prompt_tokens
+        assert r.evicted_entry_tokens and r.evicted_entry_tokens < r.prompt_tokens  # known above
 
 
 def _compare(pair: str) -> tuple[list[tuple[str, bool | None, bool]], float]:
@@ -114,12 +115,15 @@ def run_analyze(capsys: pytest.CaptureFixture[str], log: str, *extra: str) -> st
     return capsys.readouterr().out
 
 
-def analyze_json(capsys: pytest.CaptureFixture[str], log: str) -> dict:
-    return json.loads(run_analyze(capsys, log, "--format", "json"))
+def analyze_json(capsys: pytest.CaptureFixture[str], log: str) -> dict[str, Any]:
+    rep: dict[str, Any] = json.loads(run_analyze(capsys, log, "--format", "json"))
+    return rep
 
 
 @pytest.mark.parametrize("pair", PAIRS)
-def test_the_report_curve_and_the_live_counters_count_the_same_misses(capsys: pytest.CaptureFixture[str], pair) -> None:
+def test_the_report_curve_and_the_live_counters_count_the_same_misses(
+    capsys: pytest.CaptureFixture[str], pair: str
+) -> None:
     name = PAIRS[pair][0]
     rep = analyze_json(capsys, f"{name}.log")
     curve = rep["cache_size_curve"]

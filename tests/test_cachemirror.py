@@ -3,12 +3,21 @@ logs exercise it through the assembler: tests/test_assemble.py)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from llamacpp_exporter.assemble.cachemirror import CacheMirror
 
 
-def mirror():
-    saved, evicted = [], []
+def mirror() -> tuple[CacheMirror, list[int], list[Any]]:
+    saved: list[int] = []
+    evicted: list[Any] = []
     return CacheMirror(lambda: saved.append(1), evicted.append), saved, evicted
+
+
+def needed(m: CacheMirror, source: tuple[int, int]) -> float:
+    need = m.returned(source)
+    assert need is not None
+    return need.needed_bytes
 
 
 def save(m: CacheMirror, n: int, task: int) -> None:
@@ -137,9 +146,9 @@ def test_a_younger_ghost_whose_conversation_came_back_frees_its_room() -> None:
     for task in (1, 2, 3, 4):
         push(m, task, 10, 25)  # 1 and 2 evicted
     # 2's conversation came back: in the larger cache it would have restored (and erased) 2
-    assert m.returned((0, 2)).needed_bytes == 30 * MIB  # 2, 3 and 4
+    assert needed(m, (0, 2)) == 30 * MIB  # 2, 3 and 4
     push(m, 5, 10, 25)  # 3 evicted: 1 needs itself, 3, 4 and 5, no longer 2
-    assert m.returned((0, 1)).needed_bytes == 40 * MIB
+    assert needed(m, (0, 1)) == 40 * MIB
 
 
 def test_a_restore_after_the_push_still_counts_at_the_push() -> None:
@@ -151,7 +160,7 @@ def test_a_restore_after_the_push_still_counts_at_the_push() -> None:
     m.commit_save()
     assert m.restored([102, 103], 0) == (0, 2)  # then the lookup restores entry 2
     update(m, 25)  # the listing shows 3 alone: at the push 2 and 3 were both held
-    assert m.returned((0, 1)).needed_bytes == 30 * MIB
+    assert needed(m, (0, 1)) == 30 * MIB
 
 
 def test_entries_beyond_four_times_the_limit_are_known_to_need_more() -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -17,7 +18,7 @@ from realserver import LlamaServer, llama_server_binary, model_files, wait_for
 pytestmark = pytest.mark.real_server
 
 
-def check(srv: LlamaServer, *extra: str) -> tuple[int, dict | None, str]:
+def check(srv: LlamaServer, *extra: str) -> tuple[int, dict[str, Any] | None, str]:
     res = subprocess.run(
         [sys.executable, "-m", "llamacpp_exporter", "check-lora-restore", "--llama.url", srv.url, "--format", "json"]
         + list(extra),
@@ -29,11 +30,13 @@ def check(srv: LlamaServer, *extra: str) -> tuple[int, dict | None, str]:
 
 
 @pytest.fixture(scope="module")
-def parts():
+def parts() -> tuple[Path, Path, Path]:
     return llama_server_binary(), *model_files()
 
 
-def test_b11434_on_two_slots_is_affected_and_the_log_shows_the_discard(parts, tmp_path: Path) -> None:
+def test_b11434_on_two_slots_is_affected_and_the_log_shows_the_discard(
+    parts: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2).start()
     try:
@@ -49,7 +52,9 @@ def test_b11434_on_two_slots_is_affected_and_the_log_shows_the_discard(parts, tm
     assert "PR #30275" in out["message"] and "alpha" not in json.dumps(out)  # no prompt text
 
 
-def test_a_server_without_a_ram_cache_is_refused_with_its_log_and_inconclusive_without(parts, tmp_path: Path) -> None:
+def test_a_server_without_a_ram_cache_is_refused_with_its_log_and_inconclusive_without(
+    parts: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=1, cache_ram=0).start()
     try:
@@ -63,7 +68,7 @@ def test_a_server_without_a_ram_cache_is_refused_with_its_log_and_inconclusive_w
     assert blind[1]["control"]["reused"] == 0
 
 
-def test_a_server_without_an_adapter_or_a_free_slot_is_refused(parts, tmp_path: Path) -> None:
+def test_a_server_without_an_adapter_or_a_free_slot_is_refused(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     binary, model, lora = parts
     plain = LlamaServer(binary, model, None, tmp_path / "plain", n_parallel=1).start()
     try:
@@ -111,14 +116,14 @@ def test_answers_it_has_never_seen_are_a_refusal_never_a_crash(tmp_path: Path) -
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *a) -> None:
+        def log_message(self, format: str, *a: Any) -> None:
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
 
-    def run() -> subprocess.CompletedProcess:
+    def run() -> subprocess.CompletedProcess[Any]:
         cmd = [sys.executable, "-m", "llamacpp_exporter", "check-lora-restore", "--llama.url", url]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
 

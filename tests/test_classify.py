@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from llamacpp_exporter.assemble import classify as c
@@ -22,7 +24,16 @@ RESTORES = [
 
 
 @pytest.mark.parametrize("cleared, forced, reused, known, lora, entry, result, mismatch", RESTORES)
-def test_restore_result(cleared, forced, reused, known, lora, entry, result, mismatch) -> None:
+def test_restore_result(
+    cleared: bool,
+    forced: bool,
+    reused: int,
+    known: bool,
+    lora: str | None,
+    entry: str | None,
+    result: str,
+    mismatch: bool,
+) -> None:
     got = c.restore_result(
         lora_cache_cleared=cleared,
         forced_reprocess=forced,
@@ -72,7 +83,17 @@ CAUSES = [
 
 
 @pytest.mark.parametrize("result, cleared, forced, enough, consulted, restored, path, evicted, cause", CAUSES)
-def test_miss_cause(result, cleared, forced, enough, consulted, restored, path, evicted, cause) -> None:
+def test_miss_cause(
+    result: Any,
+    cleared: bool,
+    forced: bool,
+    enough: bool,
+    consulted: bool,
+    restored: bool,
+    path: Any,
+    evicted: bool,
+    cause: str,
+) -> None:
     got = c.miss_cause(
         restore_result=result,
         lora_cache_cleared=cleared,

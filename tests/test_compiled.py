@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,18 +46,19 @@ print(json.dumps(out))
 """
 
 
-def read_all(pythonpath: Path | None) -> dict:
+def read_all(pythonpath: Path | None) -> dict[str, Any]:
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     out = subprocess.run(
         [sys.executable, "-c", READ_ALL, str(LOGS)], capture_output=True, text=True, env=env, check=True, cwd="/"
     )
-    return json.loads(out.stdout)
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
 
 
 @pytest.fixture(scope="module")
-def source() -> dict:
+def source() -> dict[str, Any]:
     return read_all(None)
 
 
@@ -65,7 +67,9 @@ def compiled_dir() -> Path:
     return installed_package(compiler=True)
 
 
-def test_with_a_compiler_the_hot_path_is_compiled_and_reads_every_log_as_the_source(source, compiled_dir) -> None:
+def test_with_a_compiler_the_hot_path_is_compiled_and_reads_every_log_as_the_source(
+    source: dict[str, Any], compiled_dir: Path
+) -> None:
     assert not source["compiled"]
     got = read_all(compiled_dir)
     assert got["compiled"], "pip install . with gcc at hand did not compile the hot path"
@@ -76,7 +80,9 @@ def test_with_a_compiler_the_hot_path_is_compiled_and_reads_every_log_as_the_sou
     assert sum(len(v["records"]) for v in got["logs"].values()) > 500
 
 
-def test_without_a_compiler_the_install_is_the_pure_package_and_reads_every_log_as_the_source(source) -> None:
+def test_without_a_compiler_the_install_is_the_pure_package_and_reads_every_log_as_the_source(
+    source: dict[str, Any],
+) -> None:
     pure = installed_package(compiler=False)
     assert list(pure.glob("*.whl"))[0].name.endswith("-py3-none-any.whl")
     got = read_all(pure)
@@ -96,7 +102,7 @@ SOURCE_ONLY = " and ".join(
 )
 
 
-def test_the_compiled_package_passes_the_parser_assembler_events_and_golden_tests(compiled_dir) -> None:
+def test_the_compiled_package_passes_the_parser_assembler_events_and_golden_tests(compiled_dir: Path) -> None:
     tests = ["test_parse.py", "test_fuzz.py", "test_assemble.py", "test_golden.py", "test_join.py", "test_parts.py"]
     tests += ["test_events_file.py", "test_analyze.py", "test_analyze_store.py", "test_exposition.py"]
     env = dict(os.environ, PYTHONPATH=str(compiled_dir))

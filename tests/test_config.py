@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -20,7 +21,7 @@ from llamacpp_exporter.config import ConfigError, load_file, load_file_and_mista
 CONF = Path(__file__).parent / "fixtures" / "config"
 
 
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+def cli(*args: str, env: dict[str, Any] | None = None) -> subprocess.CompletedProcess[Any]:
     return subprocess.run(
         [sys.executable, "-m", "llamacpp_exporter", *args], capture_output=True, text=True, env=env, timeout=30
     )
@@ -144,7 +145,7 @@ def test_api_key_from_file_or_env_never_printed(tmp_path: Path) -> None:
         (["--web.listen-address", "[::1:10938"], "web.listen_address"),
     ],
 )
-def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args, key: str) -> None:
+def test_values_that_would_stop_or_spin_a_thread_are_rejected_by_name(args: list[str], key: str) -> None:
     res = cli("--config.check", *args)
     assert res.returncode == 1 and key in res.stderr and "Traceback" not in res.stderr, res.stderr
 
@@ -208,7 +209,11 @@ def test_each_setting_is_declared_once_and_the_flags_help_and_checks_are_made_fr
 
             bad = dataclasses.replace(
                 Config(),
-                **{section: dataclasses.replace(getattr(Config(), section), **{f.name: type(f.default)(below)})},
+                **{
+                    section: dataclasses.replace(
+                        getattr(Config(), section), **{f.name: cast(Any, type(f.default))(below)}
+                    )
+                },
             )
             if m["zero_allowed"] and below == 0:
                 continue
@@ -216,7 +221,7 @@ def test_each_setting_is_declared_once_and_the_flags_help_and_checks_are_made_fr
                 validate(bad)
             if m["flag"] is not None:
                 with pytest.raises(ConfigError, match=f"{section}.{f.name}: must be"):
-                    config_from_args(parser.parse_args([m["flag"], str(type(f.default)(below))]))
+                    config_from_args(parser.parse_args([m["flag"], str(cast(Any, type(f.default))(below))]))
 
 
 def test_analyze_checks_its_flags_by_the_same_declarations(capsys: pytest.CaptureFixture[str]) -> None:
@@ -311,7 +316,7 @@ CANARY = "CanaryPassw0rd"
     ],
     ids=lambda how: f"{how[0]}-{'-'.join(how[1:])[:40]}",
 )
-def test_a_password_in_any_configuration_reaches_no_message(tmp_path: Path, how) -> None:
+def test_a_password_in_any_configuration_reaches_no_message(tmp_path: Path, how: list[str]) -> None:
     kind, *rest = how
     rest = [r.format(pw=CANARY) for r in rest]
     args = ["--config.check"]

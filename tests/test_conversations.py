@@ -4,6 +4,7 @@ pseudonyms, and the bounded cost store behind the top-N metrics."""
 from __future__ import annotations
 
 import re
+from typing import cast
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -12,7 +13,7 @@ from support import SALT, by_timings, grouping_accuracy, log_lines, replay, trut
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.export.conversations import ConversationCosts
 from llamacpp_exporter.pipeline import Pipeline
-from llamacpp_exporter.records import RequestRecord
+from llamacpp_exporter.records import MissCause, RequestRecord
 
 
 def test_header_join_matches_every_request_of_the_recorded_runs() -> None:
@@ -56,7 +57,7 @@ def test_lineage_groups_conversations_without_ids() -> None:
         recs = replay(lines)
         pairs = [(t["conv"], by_timings(recs, t).conversation) for t in truths(log + ".truth.jsonl")]
         assert all(by_timings(recs, t).conversation_source == "lineage" for t in truths(log + ".truth.jsonl"))
-        assert grouping_accuracy(pairs) == 1.0
+        assert grouping_accuracy(cast(list[tuple[str, str]], pairs)) == 1.0
         assert len({g for _, g in pairs}) == 6
 
 
@@ -99,7 +100,7 @@ def rec(conv: str, prefill: float = 1.0, wasted: int = 0, cause: str | None = No
         conversation=conv,
         prefill_seconds=prefill,
         wasted_prompt_tokens=wasted,
-        miss_cause=cause,
+        miss_cause=cast(MissCause | None, cause),
         outcome="miss" if cause else None,
     )
     return r

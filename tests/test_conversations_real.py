@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import BusyLoop, LlamaServer, wait_for
@@ -23,12 +24,12 @@ pytestmark = pytest.mark.real_server
 SALT = "a-test-salt-of-enough-length"
 
 
-def wait_matched(path: Path, truths: list[Truth], timeout: float = 60.0) -> list[dict]:
+def wait_matched(path: Path, truths: list[Truth], timeout: float = 60.0) -> list[dict[str, Any]]:
     """The events file once every response has its record. Counting lines is not enough: the
     impatient clients' tasks have records too, and a record is written only once the prefills
     it overlapped have the server's timings, so the last responses' records can come later."""
 
-    def matched() -> list[dict]:
+    def matched() -> list[dict[str, Any]]:
         recs = wait_records(path, len(truths), 1.0)  # AssertionError while fewer
         match(recs, truths)  # AssertionError until every response has its record
         return recs
@@ -36,7 +37,7 @@ def wait_matched(path: Path, truths: list[Truth], timeout: float = 60.0) -> list
     return wait_for(matched, "a record for every response", timeout, 0.2, ignore=(AssertionError,))
 
 
-def run(parts, workdir: Path, send_ids: bool):
+def run(parts: tuple[Path, Path, Path], workdir: Path, send_ids: bool) -> tuple[Any, ...]:
     salt_file = workdir / "salt"
     workdir.mkdir(parents=True, exist_ok=True)
     salt_file.write_text(SALT + "\n")
@@ -85,11 +86,11 @@ def implied_cost_to_others(truths: list[Truth], conv: str) -> float:
     """Seconds the long conversation's prefills overlapped the others' decoding, from the
     responses' own timings (client clock: prefill ends when decoding starts)."""
 
-    def prefill(t: Truth):
+    def prefill(t: Truth) -> tuple[float, float]:
         end = t.t_end - t.predicted_ms / 1000
         return end - t.prompt_ms / 1000, end
 
-    def decode(t: Truth):
+    def decode(t: Truth) -> tuple[float, float]:
         return t.t_end - t.predicted_ms / 1000, t.t_end
 
     total = 0.0
@@ -101,7 +102,9 @@ def implied_cost_to_others(truths: list[Truth], conv: str) -> float:
     return total
 
 
-def attribution(truths: list[Truth], extra: Contention, recs: list[dict], ps: Pseudonymizer) -> tuple[int, int, int]:
+def attribution(
+    truths: list[Truth], extra: Contention, recs: list[dict[str, Any]], ps: Pseudonymizer
+) -> tuple[int, int, int]:
     """(right, uncertain, wrong) over the requests that sent an id. Also wrong: a request sent
     without an id (probe, impatient client) that is attributed to an id."""
     pairs = match(recs, truths)
@@ -114,7 +117,7 @@ def attribution(truths: list[Truth], extra: Contention, recs: list[dict], ps: Ps
     return right, uncertain, wrong
 
 
-def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path: Path) -> None:
+def test_long_conversation_is_named_as_the_top_cost(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     truths, extra, recs, top, table, metrics, server_log, exp = run(parts, tmp_path, send_ids=True)
     ps = Pseudonymizer(SALT)
     long_id = ps("id:" + LONG_CONV)
@@ -132,7 +135,7 @@ def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path: Path) -> No
     assert top["conversations"][0]["last_miss_cause"] == "lora_discard"
     costs = samples(metrics, "llamacpp_conversation_cost_to_others_seconds")
     named = {dict(k)["conversation"]: v for k, v in costs.items() if dict(k)["conversation"] != "other"}
-    assert max(named, key=named.get) == long_id
+    assert max(named, key=lambda k: named[k]) == long_id
     # the cost agrees with the timings the server returned
     implied = implied_cost_to_others(truths + extra.probes, LONG_CONV)
     reported = top["conversations"][0]["cost_to_others_seconds"]
@@ -148,7 +151,7 @@ def test_long_conversation_is_named_as_the_top_cost(parts, tmp_path: Path) -> No
             assert raw not in out
 
 
-def test_lineage_groups_conversations_without_ids(parts, tmp_path: Path) -> None:
+def test_lineage_groups_conversations_without_ids(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     truths, extra, recs, top, table, metrics, server_log, exp = run(parts, tmp_path, send_ids=False)
     pairs = match(recs, truths)
     assert all(r["conversation_source"] == "lineage" for _, r in pairs)

@@ -7,6 +7,9 @@ import json
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -16,8 +19,9 @@ from support import exported_metric_names
 PANEL_TYPES = {"row", "timeseries", "stat", "bargauge", "heatmap", "table"}
 
 
-def load(f):
-    return json.loads(f.read_text())
+def load(f: Path) -> dict[str, Any]:
+    board: dict[str, Any] = json.loads(f.read_text())
+    return board
 
 
 @pytest.mark.integration
@@ -32,7 +36,7 @@ def test_three_dashboards_with_stable_unique_uids() -> None:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_shape(path) -> None:
+def test_dashboard_shape(path: Path) -> None:
     d = load(path)
     for key in ("uid", "title", "schemaVersion", "panels", "templating", "time", "tags"):
         assert key in d, key
@@ -171,7 +175,7 @@ SCHEMA_EXTRAS = (
 )
 
 
-def _dropped(a, b, path: str = "") -> list[str]:
+def _dropped(a: Any, b: Any, path: str = "") -> list[str]:
     """Keys of `a` missing from `b`, recursively."""
     out: list[str] = []
     if isinstance(a, dict) and isinstance(b, dict):
@@ -184,7 +188,7 @@ def _dropped(a, b, path: str = "") -> list[str]:
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
-def test_dashboard_round_trips_through_grafanas_schema_models(path) -> None:
+def test_dashboard_round_trips_through_grafanas_schema_models(path: Path) -> None:
     """Decode with Grafana's own typed models (grafana-foundation-sdk) and encode again: a
     key Grafana's dashboard schema does not know would be dropped, a wrong type would fail."""
     from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -208,14 +212,14 @@ def test_provisioning_files() -> None:
 
 
 @pytest.fixture(scope="module")
-def empty_prometheus(tmp_path_factory: pytest.TempPathFactory):
+def empty_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     prom = Prometheus(tmp_path_factory.mktemp("prom-parse"), {"global": {"scrape_interval": "15s"}})
     yield prom
     prom.stop()
 
 
 @pytest.mark.integration
-def test_every_dashboard_query_is_valid_promql(empty_prometheus) -> None:
+def test_every_dashboard_query_is_valid_promql(empty_prometheus: Prometheus) -> None:
     for e in dashboard_expressions():
         res = empty_prometheus.query(e.promql)
         assert res["status"] == "success", f"{e.where}: {res.get('error')}"

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -133,7 +134,7 @@ def test_alertmanager_accepts_its_config() -> None:
     assert res.returncode == 0, res.stdout + res.stderr
 
 
-def _kind(kind: str) -> list[dict]:
+def _kind(kind: str) -> list[dict[str, Any]]:
     return [d for d in K8S if d["kind"] == kind]
 
 
@@ -248,7 +249,7 @@ def test_prometheus_operator_objects_match_the_operators_schemas(tmp_path: Path)
     assert res.returncode == 1 and "INVALID" in res.stdout  # the validator can fail
 
 
-def _kustomize(directory: Path) -> list[dict]:
+def _kustomize(directory: Path) -> list[dict[str, Any]]:
     kubectl = shutil.which("kubectl")
     assert kubectl, (
         "kubectl is missing: the test set-up installs Debian's kubectl (trixie on); elsewhere install kubectl >= 1.21"
@@ -258,7 +259,7 @@ def _kustomize(directory: Path) -> list[dict]:
     return [d for d in yaml.safe_load_all(res.stdout) if d]
 
 
-def _validate_operator_objects(objs: list[dict]) -> subprocess.CompletedProcess:
+def _validate_operator_objects(objs: list[dict[str, Any]]) -> subprocess.CompletedProcess[Any]:
     script = CACHE / "node" / "validate_prometheus_operator.mjs"  # next to its node_modules: ESM resolves from there
     shutil.copy(ROOT / "tests/setup/validate_prometheus_operator.mjs", script)
     return subprocess.run(["node", str(script)], input=json.dumps(objs), capture_output=True, text=True)
@@ -347,7 +348,9 @@ def test_exporter_image_owns_its_data_directory() -> None:
     """Docker fills a new named volume from the image's directory, owner included: /data must
     exist in the image and belong to the exporter's user, or the events file is never written."""
     text = (ROOT / "Dockerfile").read_text()
-    user = re.search(r"^USER (\S+)", text, re.M).group(1)
+    found = re.search(r"^USER (\S+)", text, re.M)
+    assert found is not None
+    user = found.group(1)
     assert re.search(rf"mkdir -p /data && chown {re.escape(user)} /data", text)
     assert "exporter-data:/data" in SERVICES["exporter"]["volumes"]
     events = _arg(SERVICES["exporter"]["command"], "--events.path")
@@ -385,7 +388,7 @@ def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path: P
 
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     assert binary, "alertmanager is missing: the test set-up installs Debian's prometheus-alertmanager"
-    notifications: list[dict] = []
+    notifications: list[dict[str, Any]] = []
 
     class Hook(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802
@@ -393,7 +396,7 @@ def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path: P
             self.send_response(200)
             self.end_headers()
 
-        def log_message(self, *a) -> None:
+        def log_message(self, format: str, *a: Any) -> None:
             pass
 
     hook = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
@@ -418,7 +421,7 @@ def test_alertmanager_sends_one_notification_for_a_fleet_wide_outage(tmp_path: P
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}/-/ready", 30, "alertmanager")
 
-        def alert(name: str, instance: str, severity: str, cluster: str = "eu-1") -> dict:
+        def alert(name: str, instance: str, severity: str, cluster: str = "eu-1") -> dict[str, Any]:
             labels = {"alertname": name, "job": "llamacpp", "instance": instance, "severity": severity}
             labels |= {"cluster": cluster, "namespace": "llm"}
             return {"labels": labels, "annotations": {"summary": name}}

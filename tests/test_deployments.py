@@ -9,10 +9,13 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from prometheus_client import CollectorRegistry
 from realserver import STARTED, ExporterProcess, LlamaServer, free_port, terminate, wait_for, wait_healthy
 from support import log_lines, replay_records, samples, truths, value, wait_records
 
@@ -20,7 +23,9 @@ from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.pipeline import Pipeline
 
 
-def _matched(rows: list[dict], recs: list, key) -> list[tuple[dict, object]]:
+def _matched(
+    rows: list[dict[str, Any]], recs: list[Any], key: Callable[[dict[str, Any], Any], bool]
+) -> list[tuple[dict[str, Any], Any]]:
     """Each response to one record with its numbers (records taken once)."""
     left = list(recs)
     out = []
@@ -32,9 +37,9 @@ def _matched(rows: list[dict], recs: list, key) -> list[tuple[dict, object]]:
     return out
 
 
-def _same_numbers(t: dict, r) -> bool:
+def _same_numbers(t: dict[str, Any], r: Any) -> bool:
     get = r.get if isinstance(r, dict) else lambda k: getattr(r, k)
-    return (
+    return bool(
         get("prompt_tokens") == t["prompt_n"] + t["cache_n"]
         and get("reused_tokens") == t["cache_n"]
         and get("generated_tokens") == t["predicted_n"]
@@ -64,8 +69,8 @@ def test_router_log_gives_each_child_its_own_pipeline_and_model() -> None:
     )
 
 
-def _same_numbers_router(t: dict, r) -> bool:
-    return r.prompt_tokens == t["prompt_tokens"] and r.reused_tokens == t["cache_n"]
+def _same_numbers_router(t: dict[str, Any], r: Any) -> bool:
+    return bool(r.prompt_tokens == t["prompt_tokens"] and r.reused_tokens == t["cache_n"])
 
 
 def test_a_model_swapped_on_the_same_port_starts_its_own_pipeline() -> None:
@@ -86,7 +91,7 @@ def test_a_model_swapped_on_the_same_port_starts_its_own_pipeline() -> None:
 
 def test_mixed_kinds_log_counts_embeddings_and_choices_for_what_they_are() -> None:
     ps = Pseudonymizer("a-test-salt")
-    recs: list = []
+    recs: list[Any] = []
     pl = Pipeline(registry=__import__("prometheus_client").CollectorRegistry(), on_record=recs.append, pseudonymize=ps)
     for line in log_lines("lv4-np2-mixed-kinds.log"):
         pl.process_line(line, 0.0)
@@ -113,14 +118,14 @@ def test_mixed_kinds_log_counts_embeddings_and_choices_for_what_they_are() -> No
     print(f"mixed kinds: {named} of {sum(t['conv'] is not None for t in chats)} chats with an id named, 0 wrong")
 
 
-def samples_of(reg, name: str) -> list[float]:
+def samples_of(reg: CollectorRegistry, name: str) -> list[float]:
     return [s.value for m in reg.collect() for s in m.samples if s.name == name]
 
 
 # ---------------------------------------------------------------- real servers
 
 
-def _post_retrying(c: httpx.Client, path: str, body: dict) -> httpx.Response:
+def _post_retrying(c: httpx.Client, path: str, body: dict[str, Any]) -> httpx.Response:
     """As the OpenAI client does (max_retries=2): the router closed a kept-alive connection
     just as it was reused and sent no response (it proxied nothing: no conv_id line follows)."""
     for attempt in range(3):
@@ -132,12 +137,12 @@ def _post_retrying(c: httpx.Client, path: str, body: dict) -> httpx.Response:
     raise AssertionError("unreachable")
 
 
-def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list, lock: threading.Lock) -> None:
+def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list[Any], lock: threading.Lock) -> None:
     msgs = [{"role": "system", "content": f"You are assistant {conv}; answer briefly about {conv}."}]
     with httpx.Client(base_url=url, headers={"X-Conversation-Id": conv}, timeout=300) as c:
         for turn in range(turns):
             msgs.append({"role": "user", "content": f"Turn {turn} of {conv}: say something about {turn * 13 + 7}."})
-            body: dict = {"messages": msgs, "max_tokens": 6, "cache_prompt": True}
+            body: dict[str, Any] = {"messages": msgs, "max_tokens": 6, "cache_prompt": True}
             if model:
                 body["model"] = model
             r = _post_retrying(c, "/v1/chat/completions", body)
@@ -167,7 +172,9 @@ def _loaded(url: str) -> set[str]:
 
 
 @pytest.mark.real_server
-def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(parts, tmp_path: Path) -> None:
+def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
+    parts: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
     binary, model, _ = parts
     preset = tmp_path / "presets.ini"
     preset.write_text(
@@ -199,7 +206,7 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
         for name in ("alpha", "beta"):
             httpx.post(url + "/models/load", json={"model": name}, timeout=30)
         wait_for(lambda: _loaded(url) >= {"alpha", "beta"}, "both models loaded by the router", timeout=120)
-        rows: list[dict] = []
+        rows: list[dict[str, Any]] = []
         lock = threading.Lock()
         threads = [
             threading.Thread(target=_chat_turns, args=(url, name, f"conv-{name}", 4, rows, lock))
@@ -253,14 +260,14 @@ def _server_metric_models(text: str) -> set[str | None]:
 
 
 @pytest.mark.real_server
-def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path: Path) -> None:
+def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--embeddings", "--pooling", "mean"])
     srv.start()
     exp = None
     try:
         exp = _following(srv, tmp_path)
-        rows: list[dict] = []
+        rows: list[dict[str, Any]] = []
         lock = threading.Lock()
         inputs = [0, 0]
 
@@ -321,9 +328,9 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts, tmp_path: Path) ->
     assert samples(text, "llamacpp_embedding_tasks_total")[()] == inputs[0]
     # conversations named are right: one conversation per client id, never shared
     named: dict[str, set[str]] = {}
-    for t, r in pairs:
+    for row, r in pairs:
         if r["conversation_source"] == "header":
-            named.setdefault(r["conversation"], set()).add(t["conv"])
+            named.setdefault(r["conversation"], set()).add(row["conv"])
     assert all(len(v) == 1 for v in named.values()), named
     print(
         f"mixed: {len(pairs)} completions and {len(emb)} embedding tasks matched; "
@@ -358,7 +365,7 @@ def test_a_task_that_skips_the_ram_cache_at_an_lru_selection_is_kept_out_of_its_
 
 
 @pytest.mark.real_server
-def test_real_rerank_tasks_are_counted_apart_never_as_cancelled(parts, tmp_path: Path) -> None:
+def test_real_rerank_tasks_are_counted_apart_never_as_cancelled(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     binary, model, lora = parts
     srv = LlamaServer(binary, model, lora, tmp_path / "srv", n_parallel=2, extra=["--reranking"]).start()
     exp = None

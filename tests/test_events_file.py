@@ -110,6 +110,7 @@ def test_events_path_dash_writes_the_records_to_standard_output_and_no_file(tmp_
     )  # fmt: skip
     try:
         out, deadline = b"", time.monotonic() + 30
+        assert proc.stdout is not None
         while out.count(b"\n") < len(truth):
             ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
             assert ready, f"{len(out.splitlines())} of {len(truth)} records on standard output in 30 s"

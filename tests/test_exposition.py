@@ -6,11 +6,13 @@ from __future__ import annotations
 import gzip
 import io
 import re
+from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, disable_created_metrics, generate_latest
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.openmetrics.exposition import ALLOWUTF8
 from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
 
@@ -35,23 +37,28 @@ PROMETHEUS_ACCEPT = (
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 )
 ACCEPTS = [PROMETHEUS_ACCEPT, "", "application/openmetrics-text; version=1.0.0; escaping=allow-utf-8"]
-LIBRARY = {PROMETHEUS_ACCEPT: generate_openmetrics, "": generate_latest}
+LIBRARY: dict[str, Callable[[CollectorRegistry], bytes]] = {
+    PROMETHEUS_ACCEPT: generate_openmetrics,
+    "": generate_latest,
+}
 
 
 def _library(accept: str, registry: CollectorRegistry) -> bytes:
     if accept in LIBRARY:
-        return LIBRARY[accept](registry)
-    return generate_openmetrics(registry, escaping=ALLOWUTF8)
+        return bytes(LIBRARY[accept](registry))
+    return bytes(generate_openmetrics(registry, escaping=ALLOWUTF8))
 
 
-def _populated(log: str, registry: CollectorRegistry, scrape=None, every: int = 0) -> Pipeline:
+def _populated(
+    log: str, registry: CollectorRegistry, scrape: Callable[[int], object] | None = None, every: int = 0
+) -> Pipeline:
     costs = ConversationCosts(clock=lambda: 1_800_000_000.0)
     registry.register(ConversationCollector(costs))
     pl = Pipeline(registry, clock=lambda: 1_800_000_000.0, pseudonymize=Pseudonymizer("salt"), costs=costs)
     with open(LOGS / log, encoding="utf-8", errors="replace") as fh:
         for i, line in enumerate(fh):
             pl.process_line(line.rstrip("\r\n"), 1_800_000_000.0)
-            if every and i % every == 0:
+            if scrape is not None and every and i % every == 0:
                 scrape(i)
     pl.flush()
     return pl
@@ -64,7 +71,7 @@ def test_every_scrape_is_the_librarys_rendering_while_the_log_is_read(log: str) 
     # 60 scrapes while the log is read, each format in turn: a child kept from an earlier scrape that
     # changed since, or one removed (a router's model forgotten), shows as a difference
     reg = ExpositionRegistry()
-    compared = []
+    compared: list[int] = []
 
     def scrape(i: int) -> None:
         accept = ACCEPTS[len(compared) % len(ACCEPTS)]
@@ -84,7 +91,7 @@ def test_the_http_body_is_the_librarys_and_gzip_and_selections_still_work() -> N
     _populated("lv4-np2-text.log", reg)
     app = make_metrics_app(reg)
 
-    def get(accept: str, encoding: str = "", query: str = "", method: str = "GET"):
+    def get(accept: str, encoding: str = "", query: str = "", method: str = "GET") -> tuple[str, dict[str, str], bytes]:
         status = []
         environ = {
             "REQUEST_METHOD": method,
@@ -113,14 +120,14 @@ def test_the_http_body_is_the_librarys_and_gzip_and_selections_still_work() -> N
 def test_a_format_that_adds_families_of_its_own_is_rendered_whole() -> None:
     # counters with a created time: the text format writes a family of _created samples after
     # the counter's, so a child cannot be cut out; the family is rendered whole instead
-    def family(children):
+    def family(children: Iterable[tuple[Any, Any]]) -> Metric:
         f = CounterMetricFamily("x", "doc", labels=["k"])
         for key, value in children:
             f.add_metric(key, value, created=1.0)
         return f
 
     kept = RenderedChildren(family)
-    children = [(("a",), 1.0, 1.0), (("b",), 2.0, 2.0)]
+    children: list[tuple[Hashable, Any, Any]] = [(("a",), 1.0, 1.0), (("b",), 2.0, 2.0)]
     for accept in ("", PROMETHEUS_ACCEPT):
         enc = negotiate(accept)
         whole = render_families(enc, [family([(k, c) for k, _, c in children])])

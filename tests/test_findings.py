@@ -8,29 +8,31 @@ import copy
 import json
 import re
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.offline import analyze, findings, report
+from llamacpp_exporter.offline.report_types import Report
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 SETTINGS = AssemblySettings(min_prompt_tokens=1)
 T = findings.THRESHOLDS
 
 
-def _report(name: str, events: bool = False) -> dict:
+def _report(name: str, events: bool = False) -> dict[str, Any]:
     inputs = analyze.Inputs([str(LOGS / f"{name}.log")], [str(LOGS / f"{name}.events.jsonl")] if events else [])
     result = analyze.analyze(inputs, SETTINGS, Pseudonymizer("salt"))
     try:
-        return analyze.streamed_report(result, analyze.Options(min_prompt_tokens=1), SETTINGS, None, None)
+        return dict(analyze.streamed_report(result, analyze.Options(min_prompt_tokens=1), SETTINGS, None, None))
     finally:
         result.close()
 
 
 @pytest.fixture(scope="module")
-def reports() -> dict[str, dict]:
+def reports() -> dict[str, dict[str, Any]]:
     names = [
         "lv4-np2-text",
         "lv3-np2-text",
@@ -45,7 +47,7 @@ def reports() -> dict[str, dict]:
     return out
 
 
-def _kinds(rep: dict) -> dict[str, str]:
+def _kinds(rep: dict[str, Any]) -> dict[str, str]:
     return {f["finding"]: f["severity"] for f in rep["findings"]}
 
 
@@ -65,13 +67,15 @@ CASES = [
 
 
 @pytest.mark.parametrize(("finding", "present", "severity", "absent"), CASES)
-def test_each_finding_on_recorded_real_runs(reports, finding, present, severity, absent) -> None:
+def test_each_finding_on_recorded_real_runs(
+    reports: dict[str, dict[str, Any]], finding: str, present: str, severity: str, absent: list[str]
+) -> None:
     assert _kinds(reports[present]).get(finding) == severity, reports[present]["findings"]
     for name in absent:
         assert finding not in _kinds(reports[name]), (name, reports[name]["findings"])
 
 
-def test_the_lora_restore_bug_is_told_with_its_counts_and_its_fix(reports) -> None:
+def test_the_lora_restore_bug_is_told_with_its_counts_and_its_fix(reports: dict[str, dict[str, Any]]) -> None:
     rep = reports["lv4-np2-lora-events+events"]
     f = next(f for f in rep["findings"] if f["finding"] == "lora_restore_discard")
     assert f["evidence"]["discarded_lora_wrongful"] == rep["restores"]["all"]["discarded_lora_wrongful"] == 11
@@ -81,7 +85,7 @@ def test_the_lora_restore_bug_is_told_with_its_counts_and_its_fix(reports) -> No
     assert rep["findings"][0] is f  # the most severe first
 
 
-def test_prefill_contention_names_the_conversations_that_cost_most(reports) -> None:
+def test_prefill_contention_names_the_conversations_that_cost_most(reports: dict[str, dict[str, Any]]) -> None:
     rep = reports["lv4-np2-contention"]
     f = next(f for f in rep["findings"] if f["finding"] == "prefill_contention")
     top = rep["top_conversations"]["rows"][0]
@@ -99,7 +103,7 @@ def test_prefill_contention_names_the_conversations_that_cost_most(reports) -> N
     )
 
 
-def _with(rep: dict, path: list, value) -> dict:
+def _with(rep: dict[str, Any], path: list[Any], value: Any) -> dict[str, Any]:
     out = copy.deepcopy(rep)
     node = out
     for key in path[:-1]:
@@ -108,14 +112,17 @@ def _with(rep: dict, path: list, value) -> dict:
     return out
 
 
-def _severity(rep: dict, name: str) -> str | None:
-    return _kinds({"findings": findings.findings(rep)}).get(name)
+def _severity(rep: dict[str, Any], name: str) -> str | None:
+    return _kinds({"findings": findings.findings(cast(Report, rep))}).get(name)
 
 
-def test_each_threshold_is_where_a_finding_starts(reports) -> None:
+def test_each_threshold_is_where_a_finding_starts(reports: dict[str, dict[str, Any]]) -> None:
     base = reports["lv4-np2-text"]
     restores = base["restores"]["all"]
-    at = lambda n: _with(base, ["restores", "all"], dict(restores, discarded_lora_wrongful=n))  # noqa: E731
+
+    def at(n: int) -> dict[str, Any]:
+        return _with(base, ["restores", "all"], dict(restores, discarded_lora_wrongful=n))
+
     assert [_severity(at(n), "lora_restore_discard") for n in (0, T.lora_wrongful_discards - 1)] == [
         None,
         "small_sample",
@@ -123,7 +130,10 @@ def test_each_threshold_is_where_a_finding_starts(reports) -> None:
     assert _severity(at(T.lora_wrongful_discards), "lora_restore_discard") == "critical"
 
     causes = dict.fromkeys(base["miss_causes"]["all"], 0)
-    evicted = lambda n, other: _with(base, ["miss_causes", "all"], dict(causes, evicted=n, no_cache_entry=other))  # noqa: E731
+
+    def evicted(n: int, other: int) -> dict[str, Any]:
+        return _with(base, ["miss_causes", "all"], dict(causes, evicted=n, no_cache_entry=other))
+
     assert _severity(evicted(T.evicted_misses - 1, 0), "cache_too_small") == "small_sample"
     assert _severity(evicted(T.evicted_misses, 0), "cache_too_small") == "warning"
     # enough evictions, but a small share of the misses
@@ -132,18 +142,22 @@ def test_each_threshold_is_where_a_finding_starts(reports) -> None:
     assert _severity(evicted(0, T.misses_without_eviction - 1), "cache_size_not_the_cause") is None
     assert _severity(evicted(0, T.misses_without_eviction), "cache_size_not_the_cause") == "info"
 
-    take = lambda n: _with(base, ["small_task_takeovers"], n)  # noqa: E731
+    def take(n: int) -> dict[str, Any]:
+        return _with(base, ["small_task_takeovers"], n)
+
     assert [_severity(take(n), "small_task_takeover") for n in (0, T.small_task_takeovers - 1)] == [
         None,
         "small_sample",
     ]
     assert _severity(take(T.small_task_takeovers), "small_task_takeover") == "warning"
 
-    mism = lambda n: _with(base, ["lora_mismatch_reuse"], {"none": n, "active": 0, "unknown": 0})  # noqa: E731
+    def mism(n: int) -> dict[str, Any]:
+        return _with(base, ["lora_mismatch_reuse"], {"none": n, "active": 0, "unknown": 0})
+
     assert _severity(mism(0), "lora_mismatch_reuse") is None
     assert _severity(mism(T.lora_mismatch_reuse), "lora_mismatch_reuse") == "critical"
 
-    def tpot(busy_n, busy_p50, calm_n, calm_p50):
+    def tpot(busy_n: int, busy_p50: float | None, calm_n: int, calm_p50: float | None) -> dict[str, Any]:
         tp = dict(base["time_per_output_token_seconds"])
         tp["while_another_slot_prefilled"] = dict(tp["while_another_slot_prefilled"], count=busy_n, p50=busy_p50)
         tp["no_concurrent_prefill"] = dict(tp["no_concurrent_prefill"], count=calm_n, p50=calm_p50)
@@ -156,7 +170,7 @@ def test_each_threshold_is_where_a_finding_starts(reports) -> None:
     assert _severity(tpot(n - 1, 0.01 * slow, n, 0.01), "prefill_contention") == "small_sample"
 
 
-def test_findings_in_every_format(reports, capsys: pytest.CaptureFixture[str]) -> None:
+def test_findings_in_every_format(reports: dict[str, dict[str, Any]], capsys: pytest.CaptureFixture[str]) -> None:
     name = LOGS / "lv4-np2-lora-events"
     argv = [f"{name}.log", "--events", f"{name}.events.jsonl", "--min-prompt-tokens", "1"]
     outs = {}
@@ -174,17 +188,17 @@ def test_findings_in_every_format(reports, capsys: pytest.CaptureFixture[str]) -
         assert f["finding"] in outs["csv"]
     assert outs["text"].startswith("Findings\n========\n[critical] The LoRA restore bug")
     # a run with nothing to say says so
-    assert report.finding_lines({"findings": []}) == ["none: no finding passed its threshold"]
+    assert report.finding_lines(cast(Report, {"findings": []})) == ["none: no finding passed its threshold"]
 
 
-def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports) -> None:
+def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports: dict[str, dict[str, Any]]) -> None:
     rep = reports["lv4-np2-lora-events+events"]
     ram = rep["could_have_hit"]["miss_rate"]["ram"]
     assert ram["none"]["denominator"] and ram["active"]["denominator"]
     for state, other in (("none", "requests without LoRA"), ("active", "LoRA requests")):
         empty = dict(ram[state], numerator=0, denominator=0, ratio=None)
         changed = _with(rep, ["could_have_hit", "miss_rate", "ram", state], empty)
-        changed["findings"] = findings.findings(changed)
+        changed["findings"] = findings.findings(cast(Report, changed))
         f = next(f for f in changed["findings"] if f["finding"] == "lora_restore_discard")
         assert " -" not in f["summary"], f["summary"]
         assert (other in f["summary"]) is False, f["summary"]
@@ -193,10 +207,10 @@ def test_no_finding_holds_a_placeholder_for_a_figure_it_does_not_have(reports) -
             assert not re.search(r"\s-[,.;)]", f["summary"]), (name, f["summary"])
 
 
-def test_advice_already_followed_is_not_given(reports) -> None:
+def test_advice_already_followed_is_not_given(reports: dict[str, dict[str, Any]]) -> None:
     rep = reports["lv4-np2-text"]
     f = next(f for f in rep["findings"] if f["finding"] == "lora_state_unknown")
     assert "--events" in f["action"]  # a log alone: pass the events file
     given = _with(rep, ["sources", "events_files"], 1)
-    f = next(f for f in findings.findings(given) if f["finding"] == "lora_state_unknown")
+    f = next(f for f in findings.findings(cast(Report, given)) if f["finding"] == "lora_state_unknown")
     assert "--events" not in f["action"] and "/slots" in f["action"], f["action"]

@@ -19,7 +19,7 @@ GAVE_UP = [
 
 
 @pytest.mark.parametrize("name", GAVE_UP)
-def test_requests_that_never_started_are_the_arrivals_without_a_task(name) -> None:
+def test_requests_that_never_started_are_the_arrivals_without_a_task(name: str) -> None:
     lines = log_lines(name + ".log")
     recs, pl = replay_records(lines)
     arrivals = sum(1 for line in lines if "conv_id=" in line)

@@ -6,6 +6,7 @@ the exporter's llamacpp_requests_finished_total and its records must say the sam
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -15,11 +16,12 @@ from support import samples, start_exporter, wait_records
 pytestmark = pytest.mark.real_server
 
 
-def _complete(url: str, words: int, n_predict: int) -> dict:
+def _complete(url: str, words: int, n_predict: int) -> dict[str, Any]:
     prompt = "Tell a long story about " + " ".join(f"word{i}" for i in range(words))
     r = httpx.post(url + "/completion", json={"prompt": prompt, "n_predict": n_predict, "temperature": 0}, timeout=120)
     r.raise_for_status()
-    return r.json()
+    answer: dict[str, Any] = r.json()
+    return answer
 
 
 def _cancel_while_streaming(url: str) -> None:

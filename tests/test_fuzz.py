@@ -30,7 +30,7 @@ FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCh
 
 
 @st.composite
-def mutated_line(draw) -> str:
+def mutated_line(draw: st.DrawFn) -> str:
     line = draw(st.sampled_from(REAL))
     for _ in range(draw(st.integers(0, 4))):
         i = draw(st.integers(0, len(line)))
@@ -54,7 +54,7 @@ def counted(pl: Pipeline) -> float:
 
 @FUZZ
 @given(st.text(max_size=300))
-def test_the_inner_parser_never_raises_on_any_text(line) -> None:
+def test_the_inner_parser_never_raises_on_any_text(line: str) -> None:
     # _parse_line, not parse_line: the guard around it turns any exception into a line counted
     # unrecognized, so only the inner function can show a parser bug
     assert p._parse_line(line).event is not None
@@ -62,13 +62,13 @@ def test_the_inner_parser_never_raises_on_any_text(line) -> None:
 
 @FUZZ
 @given(mutated_line())
-def test_the_inner_parser_never_raises_on_mutated_real_lines(line) -> None:
+def test_the_inner_parser_never_raises_on_mutated_real_lines(line: str) -> None:
     assert p._parse_line(line).event is not None
 
 
 @FUZZ
 @given(mutated_line())
-def test_the_usual_line_is_read_as_the_general_path_reads_it(line) -> None:
+def test_the_usual_line_is_read_as_the_general_path_reads_it(line: str) -> None:
     """parse._usual_line reads the usual line a character at a time; on any line without
     control characters (which only the general path looks for) it must give what the general
     path's regular expressions give: the timestamp, the level, the tag, the ids and the event."""
@@ -105,7 +105,7 @@ def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch: pytest.
     """What the snapshot fuzzing asserts can fail: an exception there is counted, not only logged."""
     from llamacpp_exporter.assemble.assembler import Assembler
 
-    def broken(self, snap) -> None:
+    def broken(self: object, snap: object) -> None:
         raise ValueError("a bug")
 
     monkeypatch.setattr(Assembler, "feed_snapshot", broken)
@@ -116,7 +116,7 @@ def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch: pytest.
 
 @FUZZ
 @given(st.lists(mutated_line(), min_size=1, max_size=60))
-def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines) -> None:
+def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines: list[str]) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     for i, line in enumerate(lines):
         pl.process_line(line, i * 0.01)
@@ -127,7 +127,9 @@ def test_pipeline_accounts_for_every_mutated_line_and_never_raises(lines) -> Non
 
 @FUZZ
 @given(st.lists(st.sampled_from(REAL), min_size=20, max_size=200), st.data())
-def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines, data) -> None:
+def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(
+    lines: list[str], data: st.DataObject
+) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     for i, line in enumerate(lines):
         pl.process_line(line, i * 0.01)
@@ -143,7 +145,7 @@ def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(lines,
 
 @FUZZ
 @given(st.binary(max_size=4000), st.integers(16, 512))
-def test_splitter_accounts_for_every_byte_line(data, max_line) -> None:
+def test_splitter_accounts_for_every_byte_line(data: bytes, max_line: int) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
     splitter = LineSplitter(pl.process_line, pl.oversized_line, max_line)
     splitter.feed(data)

@@ -48,11 +48,11 @@ LOG_NAMES = [
 
 
 @pytest.mark.parametrize("log", LOG_NAMES)
-def test_exposition_golden(log, update_golden) -> None:
+def test_exposition_golden(log: str, update_golden: bool) -> None:
     check_golden(f"{log}.prom", exposition(f"{log}.log"), update_golden)
 
 
-def test_openmetrics_exposition_carries_exemplars(update_golden) -> None:
+def test_openmetrics_exposition_carries_exemplars(update_golden: bool) -> None:
     # exemplar timestamps are the wall clock of the observation: masked for the comparison
     text = re.sub(
         r"(# \{[^}]*\} \S+) \d+(\.\d+)?$", r"\1 <ts>", exposition("lv4-np2-text.log", openmetrics=True), flags=re.M
@@ -70,7 +70,7 @@ def promtool() -> str:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("log", LOG_NAMES)
-def test_exposition_passes_promtool_check_metrics(log) -> None:
+def test_exposition_passes_promtool_check_metrics(log: str) -> None:
     res = subprocess.run(
         [promtool(), "check", "metrics"], input=exposition(f"{log}.log"), capture_output=True, text=True
     )

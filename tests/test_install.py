@@ -18,9 +18,11 @@ import tarfile
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -64,10 +66,10 @@ OLDEST_PYTHON = "3.10"
 def readme_install_command() -> list[str]:
     """The install line of the README's Run section, as written."""
     (line,) = re.findall(r"^(pip install \.)\s", (ROOT / "README.md").read_text(), re.M)
-    return line.split()
+    return [str(word) for word in line.split()]
 
 
-def _run(cmd: list, log: Path, **kw) -> None:
+def _run(cmd: list[Any], log: Path, **kw: Any) -> None:
     with open(log, "ab") as out:
         out.write(f"$ {' '.join(map(str, cmd))}\n".encode())
         out.flush()
@@ -92,7 +94,9 @@ class Install:
         return re.findall(r"llamacpp-exporter build: .*", self.log.read_text())
 
 
-def _pip_install(work: Path, args: list[str], compiler: bool, src: Path | None = None, python=BASE_PYTHON) -> Install:
+def _pip_install(
+    work: Path, args: list[str], compiler: bool, src: Path | None = None, python: Path | str = BASE_PYTHON
+) -> Install:
     work.mkdir(parents=True)
     src = src or clean_copy(work / "src")
     py = fresh_venv(work / "venv", python)
@@ -103,7 +107,7 @@ def _pip_install(work: Path, args: list[str], compiler: bool, src: Path | None =
     return Install(py, work / "install.log", time.monotonic() - t0)
 
 
-def _docker(work: Path) -> dict:
+def _docker(work: Path) -> dict[str, Any]:
     """The Dockerfile's build stage (a compiler at hand) and its runtime stage (none). The build
     stage's wheel is the one tests/test_compiled.py checks (cached by what it is built from)."""
     work.mkdir(parents=True)
@@ -116,7 +120,7 @@ def _docker(work: Path) -> dict:
     return {"wheel": wheel, "python": py, "build_seconds": build_seconds, "work": work}
 
 
-def _release(work: Path) -> dict:
+def _release(work: Path) -> dict[str, Any]:
     """`python -m build` as the release does (the sdist, and the pure wheel PyPI takes), then
     the sdist alone installed with a compiler and without."""
     work.mkdir(parents=True)
@@ -155,7 +159,7 @@ def _failed_compile(work: Path, how: str) -> Install:
 
 
 @pytest.fixture(scope="module")
-def installs():
+def installs() -> Iterator[dict[str, Any]]:
     # readable by uid 65534 all the way down (pytest's own temporary folders are private)
     top = Path(tempfile.mkdtemp(prefix="llamacpp-exporter-install-"))
     top.chmod(0o755)
@@ -189,7 +193,7 @@ def _log_reading(exporter: Path) -> str:
 
 
 def _replays_a_recorded_log(
-    exporter: Path, work: Path, user: int | None = None, env: dict | None = None
+    exporter: Path, work: Path, user: int | None = None, env: dict[str, Any] | None = None
 ) -> tuple[str, str]:
     """The installed exporter replays a recorded log (llama-server itself is down); its /metrics
     must hold every request and the prompt and reused tokens of the responses' timings."""
@@ -243,7 +247,9 @@ def _replays_a_recorded_log(
     return exp.stderr_path.read_text(), text
 
 
-def test_readme_install_with_a_compiler_compiles_the_log_reading_and_the_exporter_runs(installs) -> None:
+def test_readme_install_with_a_compiler_compiles_the_log_reading_and_the_exporter_runs(
+    installs: dict[str, Any],
+) -> None:
     inst = installs["readme-compiled"]
     assert any("log reading compiled" in line for line in inst.build_lines()), inst.build_lines()
     assert _log_reading(inst.exporter) == "compiled"
@@ -252,7 +258,7 @@ def test_readme_install_with_a_compiler_compiles_the_log_reading_and_the_exporte
     print(f"README install, compiled ({Path(NEWEST_PYTHON).name}): {inst.seconds:.0f} s")
 
 
-def test_readme_install_without_a_compiler_is_the_pure_package_and_the_exporter_runs(installs) -> None:
+def test_readme_install_without_a_compiler_is_the_pure_package_and_the_exporter_runs(installs: dict[str, Any]) -> None:
     inst = installs["readme-pure"]
     assert inst.build_lines() == [
         "llamacpp-exporter build: pure Python package (no C compiler: gcc or build-essential would compile the log reading)"
@@ -262,7 +268,7 @@ def test_readme_install_without_a_compiler_is_the_pure_package_and_the_exporter_
     print(f"README install, pure: {inst.seconds:.0f} s")
 
 
-def test_the_oldest_python_the_package_claims_installs_and_runs_it(installs) -> None:
+def test_the_oldest_python_the_package_claims_installs_and_runs_it(installs: dict[str, Any]) -> None:
     inst = installs["readme-pure-oldest"]
     version = subprocess.run(
         [inst.python, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
@@ -273,7 +279,7 @@ def test_the_oldest_python_the_package_claims_installs_and_runs_it(installs) -> 
     _replays_a_recorded_log(inst.exporter, inst.log.parent / "run", env=without_compiler(inst.python))
 
 
-def test_an_editable_install_is_the_source_itself(installs) -> None:
+def test_an_editable_install_is_the_source_itself(installs: dict[str, Any]) -> None:
     inst = installs["editable"]
     assert _log_reading(inst.exporter) == "pure Python"  # a compiled module would hide edits
     where = subprocess.run(
@@ -288,7 +294,9 @@ def test_an_editable_install_is_the_source_itself(installs) -> None:
 
 
 @pytest.mark.parametrize("how", ["type-check-fails", "compiler-fails"])
-def test_a_compile_that_cannot_be_done_leaves_the_pure_package_with_one_line(installs, how: str) -> None:
+def test_a_compile_that_cannot_be_done_leaves_the_pure_package_with_one_line(
+    installs: dict[str, Any], how: str
+) -> None:
     inst = installs[how]
     lines = inst.build_lines()
     assert len(lines) == 1 and lines[0].startswith("llamacpp-exporter build: pure Python package ("), lines
@@ -297,7 +305,7 @@ def test_a_compile_that_cannot_be_done_leaves_the_pure_package_with_one_line(ins
     assert "py3-none-any.whl" in inst.log.read_text()  # the wheel is tagged as what it holds
 
 
-def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(installs) -> None:
+def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(installs: dict[str, Any]) -> None:
     d = installs["docker"]
     assert not d["wheel"].name.endswith("-none-any.whl"), d["wheel"].name  # compiled in the build stage
     exporter = d["python"].parent / "llamacpp-exporter"
@@ -313,7 +321,9 @@ def test_the_dockerfile_copies_what_the_build_needs_and_its_command_is_valid() -
     d = dockerfile()
     assert set(d["copy"]) >= {"pyproject.toml", "setup.py", "README.md", "exporter"}
     text = (ROOT / "Dockerfile").read_text()
-    cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M).group(1))
+    found = re.search(r"^CMD (\[.*\])$", text, re.M)
+    assert found is not None
+    cmd = json.loads(found.group(1))
     from llamacpp_exporter.cli import build_parser
 
     build_parser().parse_args(cmd)  # an unknown flag exits
@@ -330,7 +340,7 @@ def test_hadolint_finds_nothing_in_the_dockerfile(tmp_path: Path) -> None:
     assert found.returncode != 0 and "DL3003" in found.stdout, found.stdout
 
 
-def test_the_release_sdist_and_wheel_are_complete_and_install_from_the_sdist_alone(installs) -> None:
+def test_the_release_sdist_and_wheel_are_complete_and_install_from_the_sdist_alone(installs: dict[str, Any]) -> None:
     r = installs["release"]
     assert r["twine"].returncode == 0, r["twine"].stdout + r["twine"].stderr
     assert r["twine"].stdout.count("PASSED") == 2, r["twine"].stdout

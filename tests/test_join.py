@@ -6,6 +6,8 @@ line; they are labelled INVENTED and written in the order llama-server would log
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from support import SALT, by_timings, log_lines, replay, truths
 
@@ -23,7 +25,7 @@ from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 MS = 1000
 
 
-def attribution(log: str) -> tuple[int, int, int, list]:
+def attribution(log: str) -> tuple[int, int, int, list[Any]]:
     """(right, uncertain, wrong) over the requests of a recorded log, by the truth file."""
     ps = Pseudonymizer(SALT)
     recs = replay(log_lines(log + ".log"), ps)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -47,7 +48,7 @@ class Ev:
     t: int
     seq: int
     kind: str = field(compare=False)
-    obj: object = field(compare=False, default=None)
+    obj: Any = field(compare=False, default=None)
 
 
 @dataclass
@@ -75,7 +76,7 @@ MIXED = Mix(chat=0.8, pinned=0.1, gives_up=0.1, rejected=0.0, long_tokenizing=0.
 
 
 def simulate(
-    seed: int, n_slots: int = 2, mix: Mix = STRESS, n_requests: int = 60, details: dict | None = None
+    seed: int, n_slots: int = 2, mix: Mix = STRESS, n_requests: int = 60, details: dict[str, Any] | None = None
 ) -> Tally:
     rng = random.Random(seed)
     j = HeaderJoin()
@@ -84,12 +85,12 @@ def simulate(
     evs: list[Ev] = []
     seq = [0]
 
-    def at(t: int, kind: str, obj=None) -> None:
+    def at(t: int, kind: str, obj: Any = None) -> None:
         seq[0] += 1
         heapq.heappush(evs, Ev(t, seq[0], kind, obj))
 
     next_id = [0]
-    queue: list = []  # tasks posted, in order (front first): Req or "metrics"
+    queue: list[Any] = []  # tasks posted, in order (front first): Req or "metrics"
     last_done: dict[str, int] = {}  # conversation -> its last finished task
     busy_before = [False]
     deferred: list[Req] = []
@@ -141,6 +142,7 @@ def simulate(
         slots[slot] = r
         # the RAM cache or the slot offers the conversation's last state, contained whole
         cont = r.name and r.name in last_done and rng.random() < mix.continues
+        assert r.task is not None
         j.launched(r.task, now, all_idle, (last_done[r.name],) if cont else ())
 
     while evs:
@@ -209,7 +211,7 @@ def simulate(
                     if r.work <= 0:
                         slots[s] = None
                         r.done = True
-                        if r.name:
+                        if r.name and r.task is not None:
                             last_done[r.name] = r.task
                         j.released(s, now)
                         if deferred:  # one deferred task back to the front of the queue
@@ -345,7 +347,9 @@ def test_completion_clients_that_give_up_leave_doubt(n_slots: int, floor: float)
     [(CHAT, 2, 0.33), (CHAT_CANCELS, 2, 0.22), (MIXED, 1, 0.41), (MIXED, 2, 0.47), (MIXED, 4, 0.46)],
     ids=["chat-2", "chat-cancels-2", "mixed-1", "mixed-2", "mixed-4"],
 )
-def test_without_chat_format_lines_as_b11549_logs_never_wrong_and_named_above_the_floor(mix, n_slots, floor) -> None:
+def test_without_chat_format_lines_as_b11549_logs_never_wrong_and_named_above_the_floor(
+    mix: Mix, n_slots: int, floor: float
+) -> None:
     t = run_seeds(n_slots, Mix(**{**mix.__dict__, "chat": 0.0}))
     print(f"without chat-format lines (b11549), {n_slots} slots: {t}")
     assert t.coverage(True) >= floor

@@ -45,15 +45,16 @@ def mixin_fields(vendor: Path, config: dict[str, Any] | None = None, override: s
         mixed += " + { _config+:: " + json.dumps(config) + " }"
     if override:
         mixed += " + " + override
-    return evaluate(
+    fields: dict[str, Any] = evaluate(
         vendor,
         f"local m = {mixed}; {{ alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }}",
     )
+    return fields
 
 
 def python_fields(config: dict[str, Any]) -> dict[str, Any]:
     """What the Python generator writes under `config`, read back as data."""
-    return json.loads(
+    fields: dict[str, Any] = json.loads(
         json.dumps(
             {
                 "alerts": rules.alerting_rules(config),
@@ -62,6 +63,7 @@ def python_fields(config: dict[str, Any]) -> dict[str, Any]:
             }
         )
     )
+    return fields
 
 
 def test_default_output_is_the_generated_files(vendor: Path) -> None:
@@ -89,7 +91,7 @@ def changed(config: dict[str, Any]) -> dict[str, Any]:
             return f"{int(window[1]) + 1}{window[2]}"
         return value
 
-    c = change(copy.deepcopy(config))
+    c: dict[str, Any] = change(copy.deepcopy(config))
     c.update(
         selector='job="llama", env="prod"',
         cluster_label="k8s_cluster",

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 from support import LOGS, log_lines, match, replay_records
+from workload import Truth
+
+from llamacpp_exporter.pipeline import Pipeline
 
 # the recorded runs whose clients timed each request (several with queues of many seconds)
 TIMED = [
@@ -25,14 +29,14 @@ TIMED = [
 ]
 
 
-def _pairs(name: str):
+def _pairs(name: str) -> tuple[list[tuple[Any, dict[str, Any]]], Pipeline]:
     truths = [SimpleNamespace(**json.loads(x)) for x in (LOGS / f"{name}.truth.jsonl").read_text().splitlines()]
     recs, pl = replay_records(log_lines(f"{name}.log"))
-    return match([r.to_event() for r in recs], [t for t in truths if hasattr(t, "t_start")]), pl
+    return match([r.to_event() for r in recs], [cast(Truth, t) for t in truths if hasattr(t, "t_start")]), pl
 
 
 @pytest.mark.parametrize("name", TIMED)
-def test_end_to_end_latency_is_what_the_client_measured(name) -> None:
+def test_end_to_end_latency_is_what_the_client_measured(name: str) -> None:
     pairs, _ = _pairs(name)
     known = [(t, r) for t, r in pairs if r["queue_seconds"] is not None]
     for t, r in known:
@@ -74,7 +78,7 @@ def test_latency_histograms_count_what_is_known_and_the_rest_as_unknown() -> Non
     assert get("llamacpp_request_duration_seconds_count", {"model": ""}) == len(known)
     assert get("llamacpp_request_latency_unknown_total", {"model": ""}) == len(done) - len(known) > 0
     assert get("llamacpp_time_to_first_token_seconds_sum", {"model": ""}) == pytest.approx(
-        sum(r.queue_seconds + r.prefill_seconds for r in known)
+        sum((r.queue_seconds or 0.0) + (r.prefill_seconds or 0.0) for r in known)  # known: neither is None
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -53,7 +54,7 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
         prom.wait_scraped(2)
         # 12 requests of about 2.5 s each, 0.1 s apart: the k-th waits about 2.4 k s for the slot
         tokens = _tokens_for(slow.url, 2.5)
-        beside: list = []
+        beside: list[Any] = []
         quick_clients = threading.Thread(
             target=lambda: beside.extend(saturating_workload(healthy.url, requests=12, tokens=8, apart=1.0))
         )
@@ -66,7 +67,7 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
         names = {f"127.0.0.1:{e.port}": n for e, n in zip(exporters, ("slow", "healthy"), strict=True)}
 
         # the ground truth: the client's wait less the server's prefill and generation
-        def queued(truths) -> list[float]:
+        def queued(truths: list[Any]) -> list[float]:
             return [t.t_end - t.t_start - (t.prompt_ms + t.predicted_ms) / 1000 for t in truths]
 
         assert sum(w > OBJECTIVES["time_to_first_token"] for w in queued(answered)) > len(answered) / 2
@@ -83,9 +84,9 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
         for a in ALERTS:
             assert holding(f"rule {a}") == {"slow"}, a
 
-        def active() -> dict[str, set]:
+        def active() -> dict[str, set[Any]]:
             alerts = httpx.get(prom.url + "/api/v1/alerts", timeout=10).json()["data"]["alerts"]
-            out: dict[str, set] = {}
+            out: dict[str, set[Any]] = {}
             for x in alerts:
                 if x["labels"]["alertname"] in ALERTS:
                     out.setdefault(x["labels"]["alertname"], set()).add(
@@ -96,6 +97,7 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
         # pending: Prometheus holds them for their for: (2 minutes for the critical pair); the
         # warning pair needs 30 requests in 6 hours, more than this run sends
         got = wait_for(lambda: len(active()) == len(ALERTS) and active(), "the alerts active in Prometheus", 30, 0.5)
+        assert isinstance(got, dict)
         for a in ALERTS:
             assert {(n, sev) for n, sev, _ in got[a]} == {("slow", "critical")}, got
         assert all(state in ("pending", "firing") for states in got.values() for _, _, state in states)

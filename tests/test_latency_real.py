@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files
@@ -16,7 +17,7 @@ from support import wait_records
 pytestmark = pytest.mark.real_server
 
 
-def _stream(url: str, conv: str, words: int, out: list, lock: threading.Lock) -> None:
+def _stream(url: str, conv: str, words: int, out: list[Any], lock: threading.Lock) -> None:
     import openai
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", default_headers={"X-Conversation-Id": conv})
@@ -45,7 +46,7 @@ def test_streaming_clients_see_the_time_to_first_token_and_latency_the_exporter_
             + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
             tmp_path / "exporter",
         ).start()
-        rows: list[dict] = []
+        rows: list[dict[str, Any]] = []
         lock = threading.Lock()
         rounds = 2
         # the OpenAI client's first request in a process spends a second in its own set-up (lazy
@@ -78,11 +79,11 @@ def test_streaming_clients_see_the_time_to_first_token_and_latency_the_exporter_
         ]
         pairs.append((row, rec))
     known = [(row, r) for row, r in pairs if r["queue_seconds"] is not None]
-    for row, r in known:
-        ttft = r["queue_seconds"] + r["prefill_seconds"]
-        e2e = r["queue_seconds"] + (r["end_us"] - r["start_us"]) / 1e6
+    for row, rec in known:
+        ttft = rec["queue_seconds"] + rec["prefill_seconds"]
+        e2e = rec["queue_seconds"] + (rec["end_us"] - rec["start_us"]) / 1e6
         print(
-            f"{row['conv']}: client TTFT {row['ttft']:.3f} s, exporter {ttft:.3f} s (queue {r['queue_seconds']:.3f}); "
+            f"{row['conv']}: client TTFT {row['ttft']:.3f} s, exporter {ttft:.3f} s (queue {rec['queue_seconds']:.3f}); "
             f"client end-to-end {row['e2e']:.3f} s, exporter {e2e:.3f} s"
         )
         # the client also waits for the HTTP exchange, the first token's sampling and its chunk:

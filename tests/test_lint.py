@@ -1,4 +1,4 @@
-"""Style and types are checked like the tests: ruff lint and format over the package, tests and benchmarks; mypy over the package."""
+"""Style and types are checked like the tests: ruff lint and format over the package, tests and benchmarks; mypy strict over the package, the mixin and the tests."""
 
 import subprocess
 import sys
@@ -25,6 +25,7 @@ def test_ruff_format() -> None:
 
 
 def test_types() -> None:
-    """mypy over the package (settings in pyproject.toml): the types the code states hold."""
+    """mypy strict over the package, the mixin and the tests (settings in pyproject.toml): the
+    types the code states hold."""
     res = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -7,7 +7,9 @@ from __future__ import annotations
 import bisect
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import ExporterProcess, free_port, wait_for
@@ -16,6 +18,7 @@ from support import LOGS
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.offline.analyze import read_events
 from llamacpp_exporter.pipeline import Pipeline
+from llamacpp_exporter.records import RequestRecord
 
 pytestmark = pytest.mark.integration
 SALT = "a-test-salt-of-enough-length"
@@ -25,11 +28,12 @@ LOGS_TRIED = ["lv4-np2-impatient-ids", "lv4-np1-cancelled", "lv4-np2-starved", "
 LOGS_TRIED += ["b11549-lv4-np2-impatient-ids", "b11549-lv4-np2-impatient-ids-starved"]
 
 
-def replayed(lines: list[str]) -> list[dict]:
+def replayed(lines: list[str]) -> list[dict[str, Any]]:
     """The records of the finished file, each with a conversation proven after it went out."""
     from prometheus_client import CollectorRegistry
 
-    recs, proofs = [], {}
+    recs: list[RequestRecord] = []
+    proofs: dict[tuple[Any, ...], tuple[str, str]] = {}
     pl = Pipeline(
         CollectorRegistry(),
         on_record=recs.append,
@@ -47,11 +51,11 @@ def replayed(lines: list[str]) -> list[dict]:
     return out
 
 
-def key(r: dict) -> tuple:
+def key(r: dict[str, Any]) -> tuple[Any, ...]:
     return (r["slot"], r["task"], r["start_us"])
 
 
-def follow(tmp_path: Path, lines: list[str], written_before: int, expect: int) -> list[dict]:
+def follow(tmp_path: Path, lines: list[str], written_before: int, expect: int) -> list[dict[str, Any]]:
     """The events file of an exporter (defaults, no /slots) started once `written_before` lines
     of the log exist, the rest appended in chunks as a server writes them; read once it holds
     `expect` records (the last go out when the quiet log's time has passed their wait)."""
@@ -85,7 +89,7 @@ def follow(tmp_path: Path, lines: list[str], written_before: int, expect: int) -
 
 
 @pytest.mark.parametrize("name", LOGS_TRIED)
-def test_followed_live_the_records_are_those_of_a_replay(name, tmp_path: Path) -> None:
+def test_followed_live_the_records_are_those_of_a_replay(name: str, tmp_path: Path) -> None:
     lines = (LOGS / f"{name}.log").read_text(errors="replace").splitlines()
     want = {key(r): r for r in replayed(lines)}
     got = {key(r): r for r in follow(tmp_path, lines, 0, len(want))}
@@ -142,12 +146,18 @@ def test_records_wait_for_the_join_at_most_its_bound() -> None:
         fixed: list[tuple[int, int]] = []  # (end, log time its conversation was fixed)
         fix = fin._fix_conversation
 
-        def watched(d, waited_enough, fix=fix, fixed=fixed, clock=clock) -> None:
+        def watched(
+            d: Any,
+            waited_enough: bool,
+            fix: Callable[[Any, bool], None] = fix,
+            fixed: list[tuple[int, int]] = fixed,
+            clock: Any = clock,
+        ) -> None:
             fix(d, waited_enough)
             if d.conversation is not None and not d.is_child:
                 fixed.append((d.end_us, clock.now))
 
-        fin._fix_conversation = watched
+        fin._fix_conversation = watched  # type: ignore[method-assign]  # watched as it runs
         for line in lines[:-1]:  # the end of the input fixes what is left
             pl.process_line(line, 0.0)
         late = []

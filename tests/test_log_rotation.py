@@ -33,7 +33,7 @@ def metric(exp: ExporterProcess, name: str) -> float:
     raise AssertionError(name)
 
 
-def rotate(log: os.PathLike) -> None:
+def rotate(log: os.PathLike[str]) -> None:
     busybox = shutil.which("busybox")
     assert busybox, "busybox is missing: the test set-up installs Debian's busybox"
     env = {**os.environ, "LOG": str(log), "MAX_MB": "0", "KEEP": "3"}  # any data: rotate now

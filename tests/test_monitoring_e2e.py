@@ -11,8 +11,10 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,7 +89,7 @@ class Receiver:
     """The webhook Alertmanager delivers to."""
 
     def __init__(self) -> None:
-        self.alerts: list[dict] = []
+        self.alerts: list[dict[str, Any]] = []
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -97,7 +99,7 @@ class Receiver:
                 self.send_response(200)
                 self.end_headers()
 
-            def log_message(self, *a) -> None:
+            def log_message(self, format: str, *a: Any) -> None:
                 pass
 
         self.srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -108,7 +110,7 @@ class Receiver:
         return {a["labels"]["alertname"] for a in self.alerts if a["status"] == "firing"}
 
 
-def start_alertmanager(workdir: Path, receiver_url: str) -> tuple[subprocess.Popen, int]:
+def start_alertmanager(workdir: Path, receiver_url: str) -> tuple[subprocess.Popen[Any], int]:
     binary = shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
     assert binary, "alertmanager is missing: the test set-up installs Debian's prometheus-alertmanager"
     cfg = {
@@ -143,7 +145,7 @@ def start_alertmanager(workdir: Path, receiver_url: str) -> tuple[subprocess.Pop
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory):
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("e2e")
     binary = llama_server_binary()
     model, lora = model_files()
@@ -181,7 +183,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     )
     try:
         prom.wait_scraped(len(exporters))  # the zeroed counters are recorded before any request
-        truths: dict[str, list] = {}
+        truths: dict[str, list[Any]] = {}
         rotations = [
             threading.Thread(
                 target=lambda: truths.setdefault("thrash", rotation_workload(thrash.url, 3, 0, 5, seed=3))
@@ -214,11 +216,11 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         receiver.srv.shutdown()
 
 
-def test_wrongful_lora_discard_alert_reaches_the_receiver(stack) -> None:
+def test_wrongful_lora_discard_alert_reaches_the_receiver(stack: dict[str, Any]) -> None:
     receiver = stack["receiver"]
     seed_server = f"127.0.0.1:{stack['exporters'][0].port}"  # the one-slot server that ran the seed scenario
 
-    def arrived() -> list[dict]:
+    def arrived() -> list[dict[str, Any]]:
         return [
             a
             for a in receiver.alerts
@@ -233,7 +235,7 @@ def test_wrongful_lora_discard_alert_reaches_the_receiver(stack) -> None:
     assert "re-prefilled for nothing" in alert["annotations"]["description"]
 
 
-def test_every_dashboard_and_rule_expression_returns_data(stack) -> None:
+def test_every_dashboard_and_rule_expression_returns_data(stack: dict[str, Any]) -> None:
     prom: Prometheus = stack["prom"]
     problems = []
     for e in dashboard_expressions() + rule_expressions():
@@ -249,7 +251,7 @@ def test_every_dashboard_and_rule_expression_returns_data(stack) -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack) -> None:
+def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack: dict[str, Any]) -> None:
     """Grafana's All for $job is the values of label_values(llamacpp_up, job) joined, as Grafana
     does for a Prometheus regex; the other job's down target is not a server down."""
     prom: Prometheus = stack["prom"]
@@ -272,7 +274,7 @@ def test_servers_down_under_all_jobs_counts_only_the_exporters_jobs(stack) -> No
     assert value(".+") >= 1  # what the old allValue counted
 
 
-def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack) -> None:
+def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack: dict[str, Any]) -> None:
     served = set()
     for e in stack["exporters"]:
         for line in e.metrics_text().splitlines():
@@ -284,7 +286,7 @@ def test_dashboards_and_rules_name_only_metrics_the_exporters_serve(stack) -> No
             assert m in served or m in recorded, f"{e.where}: {m}"
 
 
-def test_exemplars_reach_prometheus(stack) -> None:
+def test_exemplars_reach_prometheus(stack: dict[str, Any]) -> None:
     prom: Prometheus = stack["prom"]
     r = httpx.get(
         prom.url + "/api/v1/query_exemplars",
@@ -296,7 +298,7 @@ def test_exemplars_reach_prometheus(stack) -> None:
     assert labels and all({"slot", "task"} <= set(lab) for lab in labels)
 
 
-def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_cache(stack) -> None:
+def test_thrashing_shows_for_evicted_conversations_and_not_for_a_full_healthy_cache(stack: dict[str, Any]) -> None:
     """The thrashing rule's condition holds for the server whose conversations came back after
     eviction (the responses say: cache_n 0 on every return) and not for the server whose cache
     is full and evicts, but whose returning conversation always hits."""

@@ -55,7 +55,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("fragment,expected", CASES, ids=[c[0][:40] for c in CASES])
-def test_real_line_kinds(fragment, expected) -> None:
+def test_real_line_kinds(fragment: str, expected: p.Event) -> None:
     line = real_line(fragment)
     parsed = p.parse_line(line)
     assert parsed.ts_us is not None
@@ -81,7 +81,7 @@ def test_candidate_and_restore_keep_printed_values() -> None:
     cand = p.parse_line(real_line("prompt with length     255, lcp")).event
     assert isinstance(cand, p.CacheCandidate) and cand.n_tokens == 255
     found = p.parse_line(real_line("found better prompt")).event
-    assert isinstance(found, p.CacheRestored) and found.f_keep.startswith("0.") or found.f_keep == "1.000"
+    assert isinstance(found, p.CacheRestored) and (found.f_keep.startswith("0.") or found.f_keep == "1.000")
 
 
 def test_timestamp_is_microseconds_since_start() -> None:
@@ -107,7 +107,7 @@ LAUNCH = "slot launch_slot_: id  2 | task 17 | processing task, is_child = 0"
     ],
     ids=["default", "no-timestamps", "no-prefix", "ansi", "router", "jsonl"],
 )
-def test_envelopes(line) -> None:
+def test_envelopes(line: str) -> None:
     assert p.parse_line(line).event == p.TaskLaunched(2, 17, False)
 
 
@@ -160,7 +160,7 @@ def test_unknown_and_malformed_lines_are_unrecognized(line: str) -> None:
         ("[" * 5000, p.Ignored),
     ],
 )
-def test_garbage_is_classified_by_the_parser_itself(line, kind) -> None:
+def test_garbage_is_classified_by_the_parser_itself(line: str, kind: type) -> None:
     """The parser proper (not parse_line's safety net, which would hide a raise) handles it."""
     assert type(p._parse_line(line).event) is kind
 
@@ -191,7 +191,7 @@ def test_recorded_logs_have_no_unrecognized_lines(log: str) -> None:
 
 
 @pytest.mark.parametrize("log", sorted(str(f.relative_to(LOGS)) for f in LOGS.rglob("*.log")))
-def test_the_one_match_path_reads_every_recorded_line_as_the_general_path_does(log) -> None:
+def test_the_one_match_path_reads_every_recorded_line_as_the_general_path_does(log: str) -> None:
     lines = (LOGS / log).read_text(errors="replace").splitlines()
     assert [p._parse_line(line) for line in lines] == [p._parse_general(line) for line in lines]
 
@@ -220,7 +220,10 @@ def test_bytes_that_are_not_text_are_unreadable_not_ignored() -> None:
     rng = random.Random(3)
     splitter.feed(bytes(rng.getrandbits(8) for _ in range(200_000)) + b"\n")
     splitter.feed(b"0.01.000.000 I srv  llama_server: a real line\n")
-    count = lambda r: value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": r})  # noqa: E731
+
+    def count(result: str) -> float:
+        return value(pl.registry, "llamacpp_exporter_log_lines_total", {"result": result})
+
     total = sum(count(r) for r in ("parsed", "ignored", "unrecognized", "unreadable", "oversized"))
     # short runs of random bytes can be plain ASCII text by chance: those few read as text
     random_lines = total - 100 - 1
@@ -245,7 +248,7 @@ def test_router_lines_name_the_child_and_its_model() -> None:
     assert sum(isinstance(e, p.ChildExited) and e.status == 0 for e in own) == 2
     # each child's own lines parse as a plain server's, its clock its own
     child = [e for e in events if e.child == spawned[0].port]
-    assert isinstance(child[0].event, p.ServerStarting) and child[0].ts_us < 10_000
+    assert isinstance(child[0].event, p.ServerStarting) and child[0].ts_us is not None and child[0].ts_us < 10_000
 
 
 def test_router_names_in_client_driven_lines_are_only_read_as_names() -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from llamacpp_exporter import parse as p
@@ -21,12 +23,12 @@ class Calls:
     """Records every call made on it: a sink that remembers."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple] = []
+        self.calls: list[tuple[Any, ...]] = []
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return lambda *a: self.calls.append((name, *a))
 
-    def named(self, name: str) -> list[tuple]:
+    def named(self, name: str) -> list[tuple[Any, ...]]:
         return [c[1:] for c in self.calls if c[0] == name]
 
 
@@ -42,7 +44,12 @@ class Calls:
         (((1, 0.5), (0, 0.25)), None, "0:0.25,1:0.5", "active"),  # sorted by adapter
     ],
 )
-def test_lora_config_compares_as_the_server_does(request_scales, global_scales, config: str | None, label: str) -> None:
+def test_lora_config_compares_as_the_server_does(
+    request_scales: tuple[tuple[int, float], ...] | None,
+    global_scales: tuple[tuple[int, float], ...] | None,
+    config: str | None,
+    label: str,
+) -> None:
     t = LoraTracker()
     t.global_scales = global_scales
     assert t.config(request_scales) == config
@@ -60,7 +67,7 @@ def test_lora_per_task_is_bounded_and_keeps_the_newest() -> None:
 
 
 # ------------------------------------------------------------ logclock
-def line(ts: int | None, ev: object = None) -> p.ParsedLine:
+def line(ts: int | None, ev: p.Event | None = None) -> p.ParsedLine:
     return p.ParsedLine(ts, ev if ev is not None else p.Ignored())
 
 
@@ -122,7 +129,7 @@ def test_debug_logging_is_reported_once() -> None:
 # ------------------------------------------------------------ promptcache
 def test_a_restore_names_the_task_that_computed_the_entry() -> None:
     """Invented sequence: task 3's state saved, then a lookup restores it for a selection."""
-    evicted: list = []
+    evicted: list[Any] = []
     cache = PromptCacheLog(Calls(), evicted.append, lambda: None)
     cache.idle_slot_saving((0, 3))
     cache.prompt_saved(p.PromptSaved(900, 10.0))
@@ -162,7 +169,7 @@ class FakeClock:
     now = 0
 
 
-def attribution(sink=None) -> tuple[Attribution, FakeClock]:
+def attribution(sink: Any = None) -> tuple[Attribution, FakeClock]:
     clock = FakeClock()
     att = Attribution(sink or Calls(), lambda s: "c-" + s, lambda: clock.now, lambda: True)
     return att, clock
@@ -209,7 +216,7 @@ def test_overlap_is_charged_to_the_prefilling_conversations() -> None:
 
 
 # ------------------------------------------------------------ finish
-def finisher(slots_polled=False) -> tuple[Finisher, list[RequestRecord]]:
+def finisher(slots_polled: bool = False) -> tuple[Finisher, list[RequestRecord]]:
     out: list[RequestRecord] = []
     att, _ = attribution()
     att.lineage_only = True
@@ -259,7 +266,8 @@ def test_slots_fill_in_what_the_log_lacks() -> None:
     d.seen_in_slots(SlotState(0, 1, True, 100, 0, 80, 0, ((0, 1.0),)))
     assert d.lora_request == ((0, 1.0),) and d.reused_tokens is None  # nothing processed yet: may be stale
     d.seen_in_slots(SlotState(0, 1, True, 100, 20, 80, 0, None))
-    assert (d.reused_tokens, d.reuse_source) == (80, "slots")
+    # mypy keeps the narrowing of the assert above across the call that changed them
+    assert (d.reused_tokens, d.reuse_source) == (80, "slots")  # type: ignore[comparison-overlap]
 
 
 # ------------------------------------------------------------ the join's deferred queue
@@ -278,7 +286,7 @@ def test_deferred_queue_keeps_every_world_an_uncertain_cancel_leaves() -> None:
     q.attempt(False, 0, None, burst=1)
     q.attempt(False, 1, None, burst=2)
     q.may_have_lost_one()  # took out the first, the second, or neither (another client's request)
-    assert not q.exact and len(q.worlds) == 3 and q.count() == 1 and not q.certainly_empty()
+    assert not q.exact and q.worlds is not None and len(q.worlds) == 3 and q.count() == 1 and not q.certainly_empty()
     assert q.known_tasks() == 2  # waiting, or cancelled while waiting: two tasks were tried
     q.released(0)  # one goes back to the front ...
     # ... and launches: the first or the second request, one pair for each way the queue can be

@@ -5,8 +5,10 @@ response (`timings.cache_n`, `prompt_n`, `prompt_ms`, `predicted_n`, `predicted_
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import ExporterProcess, LlamaServer
@@ -22,13 +24,15 @@ pytestmark = pytest.mark.real_server
 @dataclass
 class Run:
     truths: list[Truth]
-    records: list[dict]
+    records: list[dict[str, Any]]
     metrics: str
     server_log: str
     exporter_log: str
 
 
-def run_workload(parts, workdir: Path, workload, **server_options) -> Run:
+def run_workload(
+    parts: tuple[Path, Path, Path], workdir: Path, workload: Callable[..., Any], **server_options: Any
+) -> Run:
     """Start a real llama-server and the exporter, run the workload, collect everything."""
     srv = LlamaServer(*parts, workdir=workdir, **server_options).start()
     exp = None
@@ -65,7 +69,7 @@ def assert_no_text(workdir: Path, *texts: str) -> None:
         assert CANARY not in t
 
 
-def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts, tmp_path: Path) -> None:
+def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     run = run_workload(parts, tmp_path, seed_scenario, n_parallel=1, ctx=4096, cache_ram=256)
     truths, recs, text = run.truths, run.records, run.metrics
     assert truths[2].cache_n == 0  # the seed's symptom, as the server reports it
@@ -83,7 +87,7 @@ def test_seed_scenario_gives_exactly_one_wrongful_lora_discard(parts, tmp_path: 
     assert_no_text(tmp_path, text)
 
 
-def check_chat_records(pairs: list[tuple[Truth, dict]], log_text: str, truths: list[Truth]) -> dict[str, int]:
+def check_chat_records(pairs: list[tuple[Truth, dict[str, Any]]], log_text: str, truths: list[Truth]) -> dict[str, int]:
     by_conv: dict[str, dict[int, Truth]] = {}
     for t in truths:
         by_conv.setdefault(t.conv, {})[t.turn] = t
@@ -118,7 +122,7 @@ def check_chat_records(pairs: list[tuple[Truth, dict]], log_text: str, truths: l
     return seen
 
 
-def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path: Path) -> None:
+def test_concurrent_lora_chat_workload_matches_every_response(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     run = run_workload(parts, tmp_path, lambda url: chat_workload(url, turns=4), n_parallel=2)
     truths, text = run.truths, run.metrics
     pairs = match(run.records, truths)
@@ -160,7 +164,7 @@ def test_concurrent_lora_chat_workload_matches_every_response(parts, tmp_path: P
     )
 
 
-def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path: Path) -> None:
+def test_default_verbosity_keeps_prefill_and_decode_exact(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     run = run_workload(parts, tmp_path, lambda url: chat_workload(url, turns=3, seed=13), n_parallel=2, verbosity=3)
     truths, text, stderr = run.truths, run.metrics, run.exporter_log
     pairs = match(run.records, truths)
@@ -185,7 +189,7 @@ def test_default_verbosity_keeps_prefill_and_decode_exact(parts, tmp_path: Path)
     assert_no_text(tmp_path, text)
 
 
-def test_jsonl_log_format(parts, tmp_path: Path) -> None:
+def test_jsonl_log_format(parts: tuple[Path, Path, Path], tmp_path: Path) -> None:
     run = run_workload(
         parts, tmp_path, lambda url: chat_workload(url, n_convs=4, turns=3, seed=17, long_system=(0,)), jsonl=True
     )
@@ -201,7 +205,9 @@ def test_jsonl_log_format(parts, tmp_path: Path) -> None:
     assert_no_text(tmp_path, text)
 
 
-def test_server_restart_with_log_file_truncation_starts_a_new_epoch(parts, tmp_path: Path) -> None:
+def test_server_restart_with_log_file_truncation_starts_a_new_epoch(
+    parts: tuple[Path, Path, Path], tmp_path: Path
+) -> None:
     """llama-server's --log-file is truncated at every start: the exporter, following it from
     its end, reads the new process's log from the start and joins nothing across the restart."""
     srv = LlamaServer(*parts, workdir=tmp_path, n_parallel=1, ctx=4096, cache_ram=256, log_file=True).start()

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import ExporterProcess, free_port, wait_for
@@ -13,6 +16,15 @@ from realserver import ExporterProcess, free_port, wait_for
 pytestmark = pytest.mark.integration
 
 LOG = Path(__file__).parent / "fixtures" / "logs" / "lv4-np2-text.log"
+
+
+def proc(exp: ExporterProcess) -> subprocess.Popen[Any]:
+    assert exp.proc is not None, "the exporter was started"
+    return exp.proc
+
+
+def _saved_past(position: Path, before: int) -> bool:
+    return position.exists() and json.loads(position.read_text())["offset"] > before
 
 
 def _setup(tmp_path: Path) -> tuple[list[str], Path, Path, list[str]]:
@@ -31,7 +43,7 @@ def tasks(events: Path) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stopped", "killed"])
-def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path: Path, sig) -> None:
+def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path: Path, sig: signal.Signals) -> None:
     lines, log, events, args = _setup(tmp_path)
 
     def write(part: list[str]) -> None:
@@ -47,8 +59,8 @@ def test_a_restarted_exporter_reads_on_where_it_stopped(tmp_path: Path, sig) -> 
     # records went out, so a position is saved with them (the pipeline saves it right after
     # the lines it follows; until then a restart finds no position and starts at the end)
     wait_for(position.exists, "the saved log position")
-    exp.proc.send_signal(sig)
-    exp.proc.wait(10)
+    proc(exp).send_signal(sig)
+    proc(exp).wait(10)
     write(lines[third : 2 * third])  # written while the exporter is down
     offset = json.loads(position.read_text())["offset"]
     exp = ExporterProcess(args, tmp_path / "b").start()
@@ -84,12 +96,12 @@ def _killed_between_parts(tmp_path: Path, lines: list[str], log: Path, args: lis
         exp.wait_lines_processed(cuts[run + 1])
         before = len("".join(lines[: cuts[run]]).encode())
         wait_for(
-            lambda before=before: position.exists() and json.loads(position.read_text())["offset"] > before,
+            partial(_saved_past, position, before),
             "a position saved in this run",
         )
         if run < parts - 1:
-            exp.proc.send_signal(signal.SIGKILL)
-            exp.proc.wait(10)
+            proc(exp).send_signal(signal.SIGKILL)
+            proc(exp).wait(10)
     return exp
 
 
@@ -110,14 +122,14 @@ def test_sighup_reopens_the_events_file_and_stops_nothing(tmp_path: Path) -> Non
         fh.writelines(lines[:half])
     wait_for(lambda: events.exists() and tasks(events), "records")
     events.rename(tmp_path / "events.jsonl.1")  # our own output rotated, then SIGHUP
-    exp.proc.send_signal(signal.SIGHUP)
+    proc(exp).send_signal(signal.SIGHUP)
     # as logrotate's postrotate: records written before the signal is handled go to the renamed
     # file; the second half is written once the exporter says it has handled it
     wait_for(lambda: "SIGHUP" in exp.stderr_path.read_text(), "the exporter handling SIGHUP")
     with open(log, "a") as fh:
         fh.writelines(lines[half:])
     wait_for(lambda: events.exists() and tasks(events), "records in the new events file")
-    assert exp.proc.poll() is None, "SIGHUP stopped the exporter"
+    assert proc(exp).poll() is None, "SIGHUP stopped the exporter"
     exp.stop()
     got = tasks(tmp_path / "events.jsonl.1") + tasks(events)
     assert len(got) == len(set(got)) == 32
@@ -148,7 +160,7 @@ def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_
     assert len(files) >= 5 and all(f.stat().st_size <= 4096 for f in files)
     assert len(got) == len(set(got)) == 32
 
-    def analyzed(*extra: str) -> dict:
+    def analyzed(*extra: str) -> dict[str, Any]:
         out = subprocess.run(
             [sys.executable, "-m", "llamacpp_exporter", "analyze", "--format", "json", "--no-progress", *extra],
             capture_output=True,
@@ -156,7 +168,8 @@ def test_killed_while_its_events_file_rotates_every_request_is_written_once_and_
             timeout=120,
         )
         assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)
+        status: dict[str, Any] = json.loads(out.stdout)
+        return status
 
     from_events = analyzed("--events", str(events))
     from_log = analyzed(str(LOG))

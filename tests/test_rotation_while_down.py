@@ -17,7 +17,7 @@ from support import LOGS, replay_records, wait_records
 pytestmark = pytest.mark.integration
 
 
-def _exporter(tmp_path: Path, log) -> ExporterProcess:
+def _exporter(tmp_path: Path, log: Path) -> ExporterProcess:
     return ExporterProcess(
         ["--llama.url", f"http://127.0.0.1:{free_port()}", "--no-llama.slots", "--no-llama.metrics"]
         + ["--llama.log-path", str(log), "--llama.log-from-start"]
@@ -31,7 +31,7 @@ def _exporter(tmp_path: Path, log) -> ExporterProcess:
     )
 
 
-def _rotate(log, how: str) -> None:
+def _rotate(log: Path, how: str) -> None:
     rotated = log.with_name(log.name + ".1")
     if how.startswith("rename"):
         os.rename(log, rotated)

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -22,13 +23,13 @@ RULE_FILES = [ALERTS / "llamacpp-rules.yaml", ALERTS / "llamacpp-alerts.yaml"]
 TESTS = ROOT / "tests" / "alerts" / "llamacpp-alerts.test.yaml"
 
 
-def promtool(*args: str) -> subprocess.CompletedProcess:
+def promtool(*args: str) -> subprocess.CompletedProcess[Any]:
     path = shutil.which("promtool")
     assert path, "promtool is missing: the test set-up installs Debian's prometheus package"
     return subprocess.run([path, *args], capture_output=True, text=True, cwd=ROOT)
 
 
-def alerts() -> list[dict]:
+def alerts() -> list[dict[str, Any]]:
     doc = yaml.safe_load((ALERTS / "llamacpp-alerts.yaml").read_text())
     return [r for g in doc["groups"] for r in g["rules"]]
 
@@ -50,7 +51,8 @@ def test_promtool_unit_tests() -> None:
 
 def test_every_alert_has_a_firing_and_a_not_firing_case() -> None:
     tests = yaml.safe_load(TESTS.read_text())["tests"]
-    firing, quiet = set(), set()
+    firing: set[str] = set()
+    quiet: set[str] = set()
     for t in tests:
         for a in t.get("alert_rule_test", []):
             (firing if a.get("exp_alerts") else quiet).add(a["alertname"])
@@ -122,7 +124,7 @@ def test_user_facing_text_describes_the_case_not_our_name_for_it() -> None:
         *ALERTS.glob("*.yaml"),
         ROOT / "mixin" / "thresholds.yaml",
         *(ROOT / "dashboards").glob("*.json"),
-        ROOT / "exporter" / "llamacpp_exporter" / "offline" / "top.py",
+        ROOT / "exporter" / "llamacpp_exporter" / "live" / "top.py",
         ROOT / "exporter" / "llamacpp_exporter" / "cli.py",
         ROOT / "exporter" / "llamacpp_exporter" / "export" / "metrics.py",
     ]

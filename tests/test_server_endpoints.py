@@ -12,10 +12,13 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import support
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 from realserver import ExporterProcess, free_port, wait_for
 
@@ -48,10 +51,10 @@ def test_parse_lora_adapters() -> None:
 
 
 class _Families(Collector):
-    def __init__(self, fams) -> None:
+    def __init__(self, fams: list[Metric]) -> None:
         self.fams = fams
 
-    def collect(self):
+    def collect(self) -> list[Metric]:
         return self.fams
 
 
@@ -121,7 +124,7 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
             except OSError:
                 pass
 
-        def log_message(self, *a) -> None:
+        def log_message(self, format: str, *a: Any) -> None:
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
@@ -130,9 +133,9 @@ def serve(behaviour: type[FakeBehaviour]) -> tuple[ThreadingHTTPServer, str]:
     return srv, f"http://127.0.0.1:{srv.server_address[1]}"
 
 
-def poller_for(url: str, timeout: float = 0.3):
+def poller_for(url: str, timeout: float = 0.3) -> tuple[ServerPoller, CollectorRegistry, list[Any]]:
     reg = CollectorRegistry()
-    got = []
+    got: list[Any] = []
     return (
         ServerPoller(
             url,
@@ -512,7 +515,7 @@ def test_a_server_that_answers_a_byte_at_a_time_is_down_within_the_deadline(monk
             return reg.get_sample_value("llamacpp_up", {"endpoint": endpoint})
 
         wait_for(lambda: up("health") == 1, "/health up")
-        assert reg.get_sample_value("llamacpp_exporter_last_success_timestamp_seconds", {"endpoint": "health"}) > 0
+        assert support.value(reg, "llamacpp_exporter_last_success_timestamp_seconds", {"endpoint": "health"}) > 0
         # /slots is still dripping: down once it has waited longer than the timeout (1 s),
         # not when the request ends (60 s), while /health is up all the same
         t0 = time.monotonic()

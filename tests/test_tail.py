@@ -8,13 +8,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 from realserver import wait_for
 from support import value
 
-from llamacpp_exporter.pipeline import Lines
+from llamacpp_exporter.pipeline import Lines, Pipeline
 from llamacpp_exporter.sources.command import follow_command
 from llamacpp_exporter.sources.file import FileFollower, run_start
 from llamacpp_exporter.sources.lines import LineSplitter, SourceStats
@@ -214,6 +217,7 @@ def test_invalid_utf8_is_replaced_not_fatal(tmp_path: Path) -> None:
 def test_stdin_stream() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "print('one'); print('two', end='')"], stdout=subprocess.PIPE)
     c = Collect()
+    assert proc.stdout is not None
     follow_stream(proc.stdout, c.splitter, threading.Event())
     proc.wait()
     assert c.lines == ["one", "two"]
@@ -330,6 +334,14 @@ def test_copytruncate_of_a_writer_without_append_skips_the_hole(tmp_path: Path) 
     writer.close()
 
 
+def _at_least(counting: _CountingPipeline, end: int) -> bool:
+    return counting.lines >= end
+
+
+def _replayed_past(stats: SourceStats, n: int) -> bool:
+    return stats.replayed_lines >= n
+
+
 class _CountingPipeline:
     """The whole pipeline behind a command, with the number of lines it has processed."""
 
@@ -338,7 +350,7 @@ class _CountingPipeline:
 
         from llamacpp_exporter.pipeline import Pipeline
 
-        self.recs: list = []
+        self.recs: list[Any] = []
         self.pl = Pipeline(CollectorRegistry(), on_record=self.recs.append, clock=lambda: 0.0)
         self.lines = 0
 
@@ -347,7 +359,9 @@ class _CountingPipeline:
         self.pl.process_line(text)
 
 
-def _records_through_command(cmd: str, during) -> tuple[list, SourceStats, object]:
+def _records_through_command(
+    cmd: str, during: Callable[[SourceStats, Any], None]
+) -> tuple[list[Any], SourceStats, Pipeline]:
     """Follow cmd until during(stats, counting) returns; every wait in during is on a condition
     the source or the pipeline reports, never on a guess at time."""
     counting = _CountingPipeline()
@@ -429,16 +443,14 @@ def test_tail_killed_between_writes_counts_nothing_twice_and_no_false_restart(tm
             with open(path, "a") as fh:
                 fh.writelines(src[i : i + step])
             part_end = min(i + step, len(src))
-            wait_for(lambda end=part_end: counting.lines >= end, f"the first {part_end} lines processed")
+            wait_for(partial(_at_least, counting, part_end), f"the first {part_end} lines processed")
             if part_end < len(src):
                 replayed = stats.replayed_lines
                 for pid in tail_pids():
                     os.kill(pid, signal.SIGKILL)
                 # the restart (after its backoff) has printed the last 10 lines and they were
                 # dropped: only then the next part is written, however slow the machine
-                wait_for(
-                    lambda before=replayed: stats.replayed_lines >= before + 10, "the restarted tail's 10 lines dropped"
-                )
+                wait_for(partial(_replayed_past, stats, replayed + 10), "the restarted tail's 10 lines dropped")
 
     recs, stats, pl = _records_through_command(f"tail -n 10 -F {path}", write_and_kill)
     assert stats.command_restarts == 3 and stats.replayed_lines == 30
@@ -481,7 +493,7 @@ def test_the_exporter_queues_the_lines_of_a_read_as_batches_in_order() -> None:
     items: list[object] = []
     batches = _LineBatches(items.append, max_line_bytes=100)
 
-    def seen() -> list[object]:
+    def seen() -> list[Any]:
         return [i.lines if isinstance(i, Lines) else type(i).__name__ for i in items]
 
     many = "".join(f"line {i}\n" for i in range(LINE_BATCH + 3))
@@ -505,11 +517,11 @@ class _Items:
     def __init__(self) -> None:
         from llamacpp_exporter.app import _LineBatches
 
-        self.items: list = []
+        self.items: list[Any] = []
         self.lock = threading.Lock()
         self.splitter = _LineBatches(self._put, 1 << 20)
 
-    def _put(self, item) -> None:
+    def _put(self, item: object) -> None:
         with self.lock:
             self.items.append(item)
 

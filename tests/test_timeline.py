@@ -50,7 +50,7 @@ def test_history_is_bounded_and_union_counts_overlaps_once() -> None:
     ),
     st.integers(0, 3000),
 )
-def test_settled_before_agrees_with_every_prefill_being_checked(ops, end) -> None:
+def test_settled_before_agrees_with_every_prefill_being_checked(ops: list[tuple[str, int]], end: int) -> None:
     """settled_before keeps only the prefills not yet exact; it must answer as a scan of all
     of them would, whatever the order of events (and past the history cap)."""
     t = PrefillTimeline()

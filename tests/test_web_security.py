@@ -13,7 +13,9 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import httpx
@@ -47,7 +49,7 @@ def make_certs(d: Path) -> tuple[Path, Path, Path]:
     return d / "ca.crt", d / "tls.crt", d / "tls.key"
 
 
-def start_with_web_config(web: Path, stderr: Path) -> tuple[subprocess.Popen, int]:
+def start_with_web_config(web: Path, stderr: Path) -> tuple[subprocess.Popen[Any], int]:
     """The exporter with --web.config.file, polling a llama-server that is not there."""
     port = free_port()
     err = open(stderr, "wb")
@@ -61,7 +63,7 @@ def start_with_web_config(web: Path, stderr: Path) -> tuple[subprocess.Popen, in
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory):
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("web")
     ca, crt, key = make_certs(d)
     hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
@@ -88,7 +90,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory):
     assert "Traceback" not in (d / "exporter.stderr").read_text()
 
 
-def test_tls_and_basic_auth_are_enforced(secured) -> None:
+def test_tls_and_basic_auth_are_enforced(secured: dict[str, Any]) -> None:
     url, ca = secured["url"], ssl.create_default_context(cafile=str(secured["ca"]))
     assert httpx.get(url + "/metrics", verify=ca).status_code == 401
     assert httpx.get(url + "/metrics", verify=ca, auth=("prometheus", "wrong")).status_code == 401
@@ -99,11 +101,11 @@ def test_tls_and_basic_auth_are_enforced(secured) -> None:
         httpx.get(f"http://127.0.0.1:{secured['port']}/metrics", timeout=3)
 
 
-def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured, tmp_path: Path) -> None:
+def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured: dict[str, Any], tmp_path: Path) -> None:
     password = tmp_path / "password"
     password.write_text(PASSWORD + "\n")
 
-    def top(*args: str) -> subprocess.CompletedProcess:
+    def top(*args: str) -> subprocess.CompletedProcess[Any]:
         return subprocess.run(
             [sys.executable, "-m", "llamacpp_exporter", "top", "--once", "--format", "json", "--url", secured["url"], *args],
             capture_output=True, text=True, timeout=30,
@@ -119,7 +121,7 @@ def test_top_reads_an_exporter_behind_tls_and_basic_auth(secured, tmp_path: Path
     assert PASSWORD not in ok.stderr + no_auth.stderr + untrusted.stderr
 
 
-def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path: Path) -> None:
+def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured: dict[str, Any], tmp_path: Path) -> None:
     target = f"127.0.0.1:{secured['port']}"
     job = {
         "scheme": "https",
@@ -151,7 +153,7 @@ def test_a_real_prometheus_scrapes_it_with_tls_and_basic_auth(secured, tmp_path:
         prom.stop()
 
 
-def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secured) -> None:
+def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secured: dict[str, Any]) -> None:
     import socket
 
     stalled = socket.create_connection(("127.0.0.1", secured["port"]))
@@ -164,7 +166,7 @@ def test_a_client_that_never_finishes_the_handshake_does_not_block_others(secure
         stalled.close()
 
 
-def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured) -> None:
+def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured: dict[str, Any]) -> None:
     """TLS clients that send a scrape and close without reading the answer (reset, no
     close_notify: the server's send raises SSLEOFError or a reset) are the client's doing: the
     exporter logs no traceback and keeps answering."""
@@ -202,7 +204,7 @@ def test_clients_that_hang_up_mid_answer_leave_no_traceback(secured) -> None:
         ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load"),
     ],
 )
-def test_bad_web_config_is_a_clear_error(tmp_path: Path, doc, message: str) -> None:
+def test_bad_web_config_is_a_clear_error(tmp_path: Path, doc: Any, message: str) -> None:
     f = tmp_path / "web.yml"
     f.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -267,7 +269,7 @@ def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path: Pat
     lock = threading.Lock()
     real = bcrypt.checkpw
 
-    def counting(pw, hashed):
+    def counting(pw: bytes, hashed: bytes) -> bool:
         nonlocal running, most
         with lock:
             running += 1
@@ -278,7 +280,7 @@ def test_a_flood_of_wrong_passwords_runs_few_bcrypt_checks_at_once(tmp_path: Pat
             with lock:
                 running -= 1
 
-    bcrypt.checkpw = counting
+    bcrypt.checkpw = counting  # type: ignore[assignment]  # bcrypt declares its own parameter names
     try:
         threads = [threading.Thread(target=web.authorized, args=(_basic("prometheus", f"x{i}"),)) for i in range(12)]
         for t in threads:
@@ -338,7 +340,7 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start_exporter(tmp_path: Path, *extra: str, nofile: int | None = None) -> tuple[subprocess.Popen, int]:
+def _start_exporter(tmp_path: Path, *extra: str, nofile: int | None = None) -> tuple[subprocess.Popen[Any], int]:
     """The exporter with no llama-server, answering; ``nofile``: under that open-file limit."""
     port = free_port()
     err = open(tmp_path / "exporter.stderr", "wb")
@@ -353,7 +355,7 @@ def _start_exporter(tmp_path: Path, *extra: str, nofile: int | None = None) -> t
     return proc, port
 
 
-def _hold_slow_clients(port: int, n: int, tls: ssl.SSLContext | None = None) -> list:
+def _hold_slow_clients(port: int, n: int, tls: ssl.SSLContext | None = None) -> list[Any]:
     """n connections: half idle (a TLS one stalled in its handshake), half that send half a
     request header and then nothing (a TLS one after its handshake)."""
     import socket
@@ -369,7 +371,7 @@ def _hold_slow_clients(port: int, n: int, tls: ssl.SSLContext | None = None) -> 
     return held
 
 
-def _scrape_times(url: str, n: int, **kw) -> list[float]:
+def _scrape_times(url: str, n: int, **kw: Any) -> list[float]:
     """n scrapes as Prometheus makes them (10 s timeout), one every 0.2 s: each one's seconds."""
     took = []
     for _ in range(n):
@@ -412,7 +414,7 @@ def test_hundreds_of_idle_and_half_sent_connections_leave_scrapes_answered(tmp_p
     assert "Traceback" not in (tmp_path / "exporter.stderr").read_text()
 
 
-def test_slow_tls_clients_leave_tls_scrapes_answered(secured) -> None:
+def test_slow_tls_clients_leave_tls_scrapes_answered(secured: dict[str, Any]) -> None:
     ca = ssl.create_default_context(cafile=str(secured["ca"]))
     before = _closed(httpx.get(secured["url"] + "/metrics", verify=ca, auth=("prometheus", PASSWORD), timeout=10).text)
     held = _hold_slow_clients(secured["port"], 400, tls=ca)

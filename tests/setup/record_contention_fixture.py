@@ -100,8 +100,8 @@ def main() -> None:
         server.stop()
     (OUT / f"{NAME}.log").write_text(server.log_path.read_text(errors="replace").replace(str(MODELS), "/models"))
     with open(OUT / f"{NAME}.truth.jsonl", "w") as fh:
-        for t in results:
-            fh.write(json.dumps(dataclasses.asdict(t)) + "\n")
+        for truth in results:
+            fh.write(json.dumps(dataclasses.asdict(truth)) + "\n")
     print(NAME, len(results), "requests")
     shutil.rmtree(work)
 

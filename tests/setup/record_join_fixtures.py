@@ -18,7 +18,9 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from realserver import BusyLoop, LlamaServer, llama_server_binary, model_files, save_recording  # noqa: E402
@@ -27,7 +29,7 @@ from workload import chat_workload, impatient_ids_workload  # noqa: E402
 OUT = Path(__file__).resolve().parent.parent / "fixtures" / "logs"
 
 
-def record(name: str, starved: bool, run) -> None:
+def record(name: str, starved: bool, run: Callable[..., Any]) -> None:
     binary = llama_server_binary()
     model, lora = model_files()
     work = Path(tempfile.mkdtemp())
