@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -436,6 +437,25 @@ def test_a_run_followed_by_another_in_the_same_file_is_not_dated_by_a_guess(tmp_
     stamps = {float(line.rsplit(" ", 1)[1]) for line in buf.getvalue().splitlines() if not line.startswith("#")}
     assert max(stamps) == pytest.approx(mtime, abs=0.002)
     assert min(stamps) >= mtime - 60  # the recorded run lasts 45 s
+
+
+def test_the_backfill_has_the_buckets_the_live_exporter_was_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the exporter's own bucket flags, --openmetrics continues its histograms with the same
+    bounds (a query over the backfill and the live series then sums like with like)."""
+    log = str(LOGS / "lv4-np2-text.log")
+
+    def bounds(*flags: str) -> set[str]:
+        om = tmp_path / "out.om"
+        assert analyze.main([log, "--openmetrics", str(om), "--no-progress", *flags]) == 0
+        return set(re.findall(r'^llamacpp_request_queue_seconds_bucket\{[^}]*le="([^"]+)"', om.read_text(), re.M))
+
+    assert "7.0" not in bounds() and "10.0" in bounds()
+    assert bounds("--metrics.latency-buckets", "1,7,30") == {"1.0", "7.0", "30.0", "+Inf"}
+    capsys.readouterr()
+    assert analyze.main([log, "--openmetrics", str(tmp_path / "x.om"), "--metrics.latency-buckets", "5,1"]) == 2
+    assert "--metrics.latency-buckets: bounds must increase" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ windows and comparisons

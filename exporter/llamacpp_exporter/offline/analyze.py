@@ -29,7 +29,17 @@ from prometheus_client import CollectorRegistry
 from ..assemble.classify import outcome
 from ..assemble.finish import AssemblySettings
 from ..assemble.pseudonyms import Pseudonymizer
-from ..config import CacheConfig, ConfigError, ConversationsConfig, add_flags, check, flag_values, read_salt, setting
+from ..config import (
+    CacheConfig,
+    ConfigError,
+    ConversationsConfig,
+    MetricsConfig,
+    add_flags,
+    check,
+    flag_values,
+    read_salt,
+    setting,
+)
 from ..export.conversations import ConversationCosts
 from ..export.events import events_files
 from ..pipeline import Pipeline
@@ -153,6 +163,7 @@ def read_logs(
     store: RecordStore,
     progress: bool = False,
     history_step: float | None = None,
+    buckets: MetricsConfig | None = None,
 ) -> LogReading:
     """Every file in turn through one pipeline (a rotated set is one stream; a server start
     inside it is a new run), each record into the store as it is made."""
@@ -160,6 +171,7 @@ def read_logs(
     pl = Pipeline(
         CollectorRegistry(),
         settings,
+        buckets=buckets,  # the exporter's: a backfill continues its histograms with the same bounds
         on_record=store.add,
         on_proof=store.add_proof,
         clock=lambda: 0.0,
@@ -304,6 +316,7 @@ def analyze(
     pseudonymize: Pseudonymizer | None = None,
     progress: bool = False,
     history_step: float | None = None,
+    buckets: MetricsConfig | None = None,
 ) -> Analysis:
     settings = settings or AssemblySettings()
     pseudonymize = pseudonymize or Pseudonymizer()
@@ -316,7 +329,7 @@ def analyze(
             sources["events_lines_not_records"] = bad
         if not inputs.logs:
             return Analysis(store, None, sources)
-        reading = read_logs(rotation_order(inputs.logs), settings, pseudonymize, store, progress, history_step)
+        reading = read_logs(rotation_order(inputs.logs), settings, pseudonymize, store, progress, history_step, buckets)
     except BaseException:
         store.close()
         raise
@@ -454,6 +467,8 @@ def build_parser() -> argparse.ArgumentParser:
         "rotated copies EVENTS.jsonl.1, .2, ...; repeatable",
     )
     add_flags(ap, "opt", Options)
+    # the live exporter's bucket flags: --openmetrics writes its histograms with these bounds
+    add_flags(ap, "metrics", MetricsConfig)
     ap.add_argument(
         "--since", type=parse_time, metavar="TIME", help="only requests started at or after TIME (ISO 8601)"
     )
@@ -507,8 +522,10 @@ def main(argv: list[str]) -> int:
         print("llamacpp-exporter analyze: give at least one log file or --events file", file=sys.stderr)
         return 2
     opts = Options(**flag_values(args, "opt", Options))
+    buckets = MetricsConfig(**flag_values(args, "metrics", MetricsConfig))
     try:
         check(opts, lambda f: f.metadata["flag"])
+        check(buckets, lambda f: f.metadata["flag"])
     except ConfigError as e:
         print(f"llamacpp-exporter analyze: {e}", file=sys.stderr)
         return 2
@@ -550,6 +567,7 @@ def main(argv: list[str]) -> int:
             Pseudonymizer(salt),
             progress=not args.no_progress and sys.stderr.isatty(),
             history_step=opts.openmetrics_step if args.openmetrics else None,
+            buckets=buckets,
         )
         try:
             src = result.sources
