@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -38,7 +39,7 @@ def rss_mib(pid: int) -> float | None:
     return None
 
 
-def run_analyze(paths: list[Path], out: Path) -> tuple[float, list[float], dict]:
+def run_analyze(paths: list[Path], out: Path) -> tuple[float, list[float], dict[str, Any]]:
     """analyze on the files: its wall time, its RSS samples (MiB), its report."""
     env = dict(os.environ, LLAMACPP_EXPORTER_SALT="benchmark-salt")
     with open(out, "w") as fh:
@@ -70,7 +71,7 @@ def run_analyze(paths: list[Path], out: Path) -> tuple[float, list[float], dict]
     return wall, samples, json.loads(out.read_text())
 
 
-def describe(what: str, lines: int, wall: float, samples: list[float], rep: dict) -> None:
+def describe(what: str, lines: int, wall: float, samples: list[float], rep: dict[str, Any]) -> None:
     tenths = [samples[min(len(samples) - 1, k * len(samples) // 10)] for k in range(1, 11)] if samples else []
     print(
         f"{what}: {lines} lines, {rep['requests']['total']} requests in {wall:.0f} s ({lines / wall:.0f} lines/s); "

@@ -27,6 +27,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -108,7 +110,7 @@ def stage_cpu(stage: str, log: Path, pythonpath: str | None = None) -> float:
     return float(out.stdout.split()[-1])
 
 
-def best_of(runs: int, f) -> float:
+def best_of(runs: int, f: Callable[[], float]) -> float:
     return min(f() for _ in range(runs))
 
 
@@ -127,9 +129,9 @@ def main() -> int:
         relevant = sum(1 for _ in _RELEVANT.finditer(text))
         del text
         print(f"log: {n} lines, {relevant} of them of a kind the parser makes an event of ({relevant / n:.0%})")
-        us = {}
+        us: dict[str, float] = {}
         for stage in STAGES:
-            us[stage] = best_of(args.runs, lambda s=stage: stage_cpu(s, log)) / n * 1e6
+            us[stage] = best_of(args.runs, partial(stage_cpu, stage, log)) / n * 1e6
         if args.compiled:
             path = str(installed_package(compiler=True))
             us["compiled"] = best_of(args.runs, lambda: stage_cpu("pipeline", log, path)) / n * 1e6

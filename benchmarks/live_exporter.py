@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,14 @@ _CONV = re.compile(r"conv_id=([^ ]+)")
 _TASK = re.compile(r"\| task (\d+) \|")
 
 
+def _shift_slot(base: int, mt: re.Match[str]) -> str:
+    return f"{mt.group(1)}{base + int(mt.group(2))}{mt.group(3)}"
+
+
+def _conv_copy(copy: int, mt: re.Match[str]) -> str:
+    return f"conv_id={mt.group(1)}-{copy}"
+
+
 def spread(src: Path, dst: Path) -> int:
     """Slots 0 and 1 of each copy (a new copy starts where task ids jump) moved to 2k, 2k+1."""
     copy, last_task, n = 0, -1, 0
@@ -55,8 +64,8 @@ def spread(src: Path, dst: Path) -> int:
                     copy += 1
                 last_task = max(last_task, task)
             base = (2 * copy) % SLOTS
-            line = _SLOT_ID.sub(lambda mt, b=base: f"{mt.group(1)}{b + int(mt.group(2))}{mt.group(3)}", line)
-            line = _CONV.sub(lambda mt, k=copy: f"conv_id={mt.group(1)}-{k}", line)
+            line = _SLOT_ID.sub(partial(_shift_slot, base), line)
+            line = _CONV.sub(partial(_conv_copy, copy), line)
             out.write(line)
             n += 1
     return n
@@ -131,6 +140,7 @@ def main() -> int:
             + ["--llama.log-from-start", "--no-llama.slots", "--events.path", str(d / "events.jsonl")],
             d / "exporter",
         ).start()
+        assert exp.proc is not None
         try:
             t0 = time.monotonic()
             rss = []
@@ -170,7 +180,9 @@ def main() -> int:
             # freshness: one line at a time, until /metrics shows it; stamped after the log's
             # last line (a line from the past is held as a possible restart)
             last = max(_us(m) for ln in open(log) if (m := _TS.match(ln)))
-            state_msg = state_line[_TS.match(state_line).end() :]
+            stamp = _TS.match(state_line)
+            assert stamp is not None
+            state_msg = state_line[stamp.end() :]
             lat = []
             with httpx.Client() as c, open(log, "a") as fh:
                 for i in range(args.probes):

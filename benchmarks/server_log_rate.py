@@ -85,6 +85,7 @@ def main() -> int:
             ).start()
             try:
                 exp.wait_following()
+                assert exp.proc is not None
                 n0, e0 = lines(server.log_path), cpu_seconds(exp.proc.pid)
                 t0 = time.monotonic()
                 requests = hammer(server.url, args.seconds, args.clients)

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -38,7 +39,11 @@ _TS = re.compile(r"^(\d+)\.(\d\d)\.(\d\d\d)\.(\d\d\d) ")
 _TASK = re.compile(r"(\| task |id_task = |task id = )(\d+)")
 
 
-def _us(m: re.Match) -> int:
+def _shift_task(shift: int, mt: re.Match[str]) -> str:
+    return mt.group(1) + str(int(mt.group(2)) + shift)
+
+
+def _us(m: re.Match[str]) -> int:
     return int(m.group(1)) * 60_000_000 + int(m.group(2)) * 1_000_000 + int(m.group(3)) * 1_000 + int(m.group(4))
 
 
@@ -72,7 +77,7 @@ def build_log(path: Path, min_lines: int, sources: list[Path] | None = None) -> 
                     t = _us(m) - first_ts + t_shift
                     t_end = max(t_end, t)
                     ln = _stamp(t) + ln[m.end() :]
-                ln = _TASK.sub(lambda mt, d=task_shift: mt.group(1) + str(int(mt.group(2)) + d), ln)
+                ln = _TASK.sub(partial(_shift_task, task_shift), ln)
                 out.write(ln)
             task_end = max(task_end, *(int(x) + task_shift for ln in body for _, x in _TASK.findall(ln)), task_shift)
             n += len(body)
@@ -148,8 +153,8 @@ def main() -> int:
                 wall, cpu, rss, out = run(cmd, env)
                 rows[name].append((wall, cpu, rss))
                 if name in ("exporter", "compiled"):
-                    records, restarts, is_compiled = out.split()
-                    seen[name] = (int(records), int(restarts), is_compiled == "True")
+                    n_records, n_restarts, compiled_text = out.split()
+                    seen[name] = (int(n_records), int(n_restarts), compiled_text == "True")
                 if name.startswith("analyze"):
                     seen[name] = json.loads(out)["requests"]["total"]
         launched = sum(1 for line in open(log) if "processing task, is_child = 0" in line)

@@ -1,4 +1,4 @@
-"""Style and types are checked like the tests: ruff lint and format over the package, tests and benchmarks; mypy strict over the package, the mixin and the tests."""
+"""Style and types are checked like the tests: ruff lint and format over the package, tests and benchmarks; mypy strict over the package, the mixin, the tests and the benchmarks."""
 
 import subprocess
 import sys
@@ -25,7 +25,7 @@ def test_ruff_format() -> None:
 
 
 def test_types() -> None:
-    """mypy strict over the package, the mixin and the tests (settings in pyproject.toml): the
-    types the code states hold."""
+    """mypy strict over the package, the mixin, the tests and the benchmarks (settings in
+    pyproject.toml): the types the code states hold."""
     res = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
