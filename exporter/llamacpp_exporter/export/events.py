@@ -11,7 +11,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
-from ..records import ConversationProof, RecordKey, RequestRecord, record_from_event
+from ..records import ConversationProof, RecordKey, RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -167,8 +167,9 @@ def written_records(path: str, tail_bytes: int = 16 << 20) -> set[RecordKey]:
             obj = json.loads(line)
         except ValueError:
             continue  # the cut first line, or one that is not a record
+        # the key's fields only: a whole record's check of every field took seconds at start-up
         if isinstance(obj, dict) and "proof" not in obj:
-            rec = record_from_event(obj)  # a whole record: the one reader of them
-            if rec is not None:
-                out.add(rec.key)
+            slot, task = obj.get("slot"), obj.get("task")
+            if isinstance(slot, int) and isinstance(task, int):
+                out.add(RecordKey(obj.get("model", ""), slot, task, obj.get("start_us")))
     return out
