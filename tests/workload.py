@@ -489,3 +489,77 @@ def saturating_workload(url: str, requests: int = 30, tokens: int = 256, apart: 
     if errors:
         raise errors[0]
     return results
+
+
+def pileup_workload(
+    url: str, seed: int = 4242, n_convs: int = 8, rounds: int = 4, impatient: int = 6
+) -> tuple[list[Truth], int]:
+    """Pile-ups: `n_convs` chat conversations with X-Conversation-Id (the adapter on every other
+    one, two with a long system prompt) that send their turns together, round after round: each
+    round starts once every conversation has its previous answer. Beside them, short chat requests
+    of other clients with ids (`impatient-N`), two thirds of which give up after 0.3 s or 1 s.
+    Returns the completed requests' ground truth and how many clients gave up."""
+    results: list[Truth] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    gave_up = [0]
+    barrier = threading.Barrier(n_convs)
+    done = threading.Event()
+
+    def conv(i: int) -> None:
+        rng = random.Random(f"{seed}-{i}")
+        name = f"pile-{seed}-{i}"
+        messages = [{"role": "system", "content": f"conversation {i}. " + text(rng, 700 if i in (0, 5) else 40)}]
+        try:
+            with httpx.Client(base_url=url, headers={"X-Conversation-Id": name}) as c:
+                for turn in range(rounds):
+                    barrier.wait(timeout=900)
+                    time.sleep(rng.uniform(0.0, 0.5))  # together, as people are: within half a second
+                    messages.append({"role": "user", "content": text(rng, rng.randint(15, 40))})
+                    body: dict[str, Any] = {"messages": messages, "max_tokens": 16, "temperature": 0}
+                    if i % 2 == 0:
+                        body["lora"] = LORA_ACTIVE
+                    t0 = time.time()
+                    r = c.post("/v1/chat/completions", json=body, timeout=900)
+                    r.raise_for_status()
+                    res = r.json()
+                    messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
+                    with lock:
+                        results.append(_truth(name, turn, i % 2 == 0, res["timings"], t0))
+        except BaseException as e:  # noqa: BLE001 - surfaced by the caller
+            errors.append(e)
+            barrier.abort()
+
+    def impatient_clients() -> None:
+        rng = random.Random(f"{seed}-impatient")
+        for n in range(impatient):
+            if done.wait(rng.uniform(2.0, 5.0)):
+                return
+            name = f"impatient-{seed}-{n}"
+            body = {"messages": [{"role": "user", "content": text(rng, 30)}], "max_tokens": 8, "temperature": 0}
+            t0 = time.time()
+            try:
+                r = httpx.post(
+                    url + "/v1/chat/completions",
+                    json=body,
+                    headers={"X-Conversation-Id": name},
+                    timeout=(0.3, 1.0, 900.0)[n % 3],
+                )
+                r.raise_for_status()
+                with lock:
+                    results.append(_truth(name, 0, False, r.json()["timings"], t0))
+            except httpx.TimeoutException:
+                with lock:
+                    gave_up[0] += 1
+
+    threads = [threading.Thread(target=conv, args=(i,)) for i in range(n_convs)]
+    side = threading.Thread(target=impatient_clients)
+    for t in [*threads, side]:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    side.join()
+    if errors:
+        raise errors[0]
+    return results, gave_up[0]

@@ -18,7 +18,7 @@ from typing import Any, Final, Protocol
 
 from .. import parse as p
 from ..records import LoraAdapters, RequestRecord, SlotsSnapshot, TaskKind
-from .attribution import Attribution, AttributionSink, continued_tasks, lineage_parent
+from .attribution import Attribution, AttributionSink, held_states, lineage_parent
 from .draft import TaskDraft
 from .finish import AssemblySettings, Finisher
 from .logclock import EPOCH_BACKWARDS_US, LogClock
@@ -351,7 +351,7 @@ class Assembler:
             self.attribution.foreign_launched()
         elif not ev.is_child:
             self.attribution.launched(
-                ev.task, lineage_parent(sel, self.epoch, s.last_task), continued_tasks(sel, self.epoch, s.last_task)
+                ev.task, lineage_parent(sel, self.epoch, s.last_task), held_states(sel, self.epoch, s.last_task)
             )
         s.draft = d
         s.last_task = ev.task
@@ -394,6 +394,9 @@ class Assembler:
 
     def _on_prefill_finished(self, ev: p.PrefillFinished) -> None:
         self.attribution.join.batch_line()
+        d = self._slot(ev.slot).draft
+        if d is not None and d.prompt_tokens is not None:
+            self.attribution.answers.sampling(d.task, d.prompt_tokens, self.clock.now)
         if ev.slot in self.prefills.slots:
             self.prefills.ended(ev.slot, self.clock.now)
             self.sink.prefill_in_progress(ev.slot, 0)
@@ -428,6 +431,8 @@ class Assembler:
         s = self._slot(ev.slot)
         d = s.draft
         s.tokens = ev.n_tokens
+        answered = d is not None and d.task == ev.task and d.generated_tokens is not None and not d.cancelled
+        self.attribution.answers.ended(ev.task, ev.n_tokens, d.decode_end_us if answered and d else None)
         if d is not None and d.task == ev.task:
             d.truncated = ev.truncated
             # an embedding prints no timings: it ended as it should unless cancelled

@@ -15,7 +15,7 @@ from typing import Final, Protocol
 
 from .. import parse as p
 from ..records import JoinSource, RequestRecord
-from .join import HEADER, NONE, UNCERTAIN, HeaderJoin
+from .join import HEADER, NONE, UNCERTAIN, HeaderJoin, Holds
 from .promptcache import CONTAINED_MIN_TOKENS, Selection
 
 TaskKey = tuple[int, int]  # (epoch, task)
@@ -33,10 +33,83 @@ MAX_LATE: Final = 1024
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP: Final = 0.9
 CONTINUATION_F_KEEP: Final = 0.9995  # printed as 1.000: the slot's whole state is a prefix of the prompt
+MAX_ANSWERS: Final = 4096  # recent tasks whose answer's first moment is kept
+
+
+class AnswerTimes:
+    """When each recent task's answer existed, so that a prompt holding it was written later
+    (tools/server/server-context.cpp of b11434 and b11549). A slot's state is its prompt and the
+    tokens it sampled and fed back (server_slot::add_token_to_batch), all but the last sampled.
+    A task that ended as it should prints its timings right before its final response
+    (update_slots: print_timings, send_final_response, release): a client holds its whole state
+    from that response, or from a stream before it only by sending a request before it knew
+    the answer had ended. A task that did not end so (cancelled: its client went away) may have
+    streamed its tokens: the first is sampled after the batch holding the prompt's last token,
+    built right after the ``init sampler`` line. So a prompt that holds a task's state with at
+    least one of its sampled tokens was written after the task's timings, or after that line.
+
+    A request with the same prompt (a twin: as many prompt tokens, and an answer at least as
+    long) may have produced the same tokens, as greedy decoding does: the bound is the earliest
+    such line among the task's twins still kept, and each twin may be the one whose exchange the
+    prompt holds. What is taken for granted: the client did not have the answer's tokens from
+    elsewhere (a transcript of the same model replayed, or a twin older than the MAX_ANSWERS
+    tasks kept)."""
+
+    def __init__(self) -> None:
+        self._sampled: OrderedDict[int, tuple[int, int]] = OrderedDict()  # task -> (prompt tokens, init sampler us)
+        self._state: dict[int, int] = {}  # task -> its state's tokens when it ended
+        self._by_prompt: dict[int, list[int]] = {}  # prompt tokens -> tasks, oldest first
+
+    def sampling(self, task: int, prompt_tokens: int, now_us: int) -> None:
+        """The task's ``init sampler`` line: its first token is sampled after this."""
+        if task in self._sampled:
+            return
+        self._sampled[task] = (prompt_tokens, now_us)
+        self._by_prompt.setdefault(prompt_tokens, []).append(task)
+        if len(self._sampled) > MAX_ANSWERS:
+            old, (n, _) = self._sampled.popitem(last=False)
+            self._state.pop(old, None)
+            same = self._by_prompt[n]
+            same.remove(old)
+            if not same:
+                del self._by_prompt[n]
+
+    def ended(self, task: int, state_tokens: int, answered_us: int | None) -> None:
+        """The task released its slot; ``answered_us``: when its timings were printed, if it
+        ended as it should (its final response followed)."""
+        sampled = self._sampled.get(task)
+        if sampled is not None:
+            self._state[task] = state_tokens
+            if answered_us is not None:
+                self._sampled[task] = (sampled[0], max(sampled[1], answered_us))
+
+    def holds(self, held: tuple[tuple[int, int], ...]) -> Holds | None:
+        """What a prompt holding these states holds of answers: (task, tokens of its state the
+        prompt holds at least). None where no answer's token is among them."""
+        bound = None
+        longest, owners = 0, set()
+        for task, tokens in held:
+            sampled = self._sampled.get(task)
+            state = self._state.get(task)
+            if sampled is None or state is None or not sampled[0] < tokens <= state:
+                continue
+            twins = [
+                t
+                for t in self._by_prompt[sampled[0]]
+                if t == task or self._state.get(t, tokens) >= tokens  # still running, or an answer as long
+            ]
+            first = min(self._sampled[t][1] for t in twins)
+            bound = first if bound is None else max(bound, first)
+            if tokens > longest:
+                longest, owners = tokens, set(twins)
+            elif tokens == longest:
+                owners.update(twins)
+        return Holds(bound, tuple(sorted(owners))) if bound is not None else None
 
 
 class AttributionSink(Protocol):
     def conversation_cost(self, conversation: str, seconds: float) -> None: ...
+    def join_cost(self, source: str, seconds: float) -> None: ...
     def conversation_arrival_dropped(self) -> None: ...
     def request_never_started(self) -> None: ...
     def conversation_proven(self, record: RequestRecord, conversation: str, source: JoinSource) -> None: ...
@@ -65,6 +138,7 @@ class Attribution:
         self._evicted: OrderedDict[str, tuple[int, TaskKey]] = OrderedDict()
         self._evicted_unresolved: list[tuple[TaskKey, int]] = []
         self.join = HeaderJoin()
+        self.answers = AnswerTimes()
         self._dropped_seen = self._never_started_seen = 0
         # records that went out before their conversation was proven, and the decode time
         # their prefills overlapped on other slots since: waiting for a late proof
@@ -77,8 +151,11 @@ class Attribution:
         self.epoch = epoch
         self.join = HeaderJoin()
         self.join.n_slots = n_slots
+        self.answers = AnswerTimes()
         self._dropped_seen = self._never_started_seen = 0
         self.late.clear()  # nothing of the old process can be proven any more
+        for seconds in self.late_costs.values():
+            self.sink.join_cost("uncertain", seconds)
         self.late_costs.clear()
 
     # ------------------------------------------------------------ the join's lines
@@ -101,9 +178,10 @@ class Attribution:
     def launch_failed(self, ev: p.TaskLaunchFailed) -> None:
         self.join.launched(ev.task, self.now(), self.all_idle())
 
-    def launched(self, task: int, parent: TaskKey | None, continues: tuple[int, ...] = ()) -> None:
-        """Called before the task occupies its slot (the join wants the idle state before)."""
-        self.join.launched(task, self.now(), self.all_idle(), continues)
+    def launched(self, task: int, parent: TaskKey | None, holds: tuple[tuple[int, int], ...] = ()) -> None:
+        """Called before the task occupies its slot (the join wants the idle state before).
+        ``holds``: earlier tasks whose state its prompt holds, with how many of its tokens."""
+        self.join.launched(task, self.now(), self.all_idle(), self.answers.holds(holds) if holds else None)
         self._count_dropped()
         self._lineage_parent[(self.epoch, task)] = parent
         if len(self._lineage_parent) > MAX_TASKS:
@@ -147,8 +225,10 @@ class Attribution:
                 del self.late_costs[key]
                 if conv[0] is not None:
                     self.sink.conversation_cost(conv[0], seconds)
+                self.sink.join_cost(conv[1], seconds)
             elif not self.join.pending(key[1]):
                 del self.late_costs[key]
+                self.sink.join_cost("uncertain", seconds)
 
     # ------------------------------------------------------------ answers
     def conversation(self, epoch: int, task: int, now: bool = False) -> Conversation | None:
@@ -253,9 +333,12 @@ class Attribution:
             known = self.conversation(self.epoch, task)
             if known is not None and known[0] is not None:
                 by_conv[known[0]] = by_conv.get(known[0], 0) + hi - lo
+                self.sink.join_cost(known[1], (hi - lo) / 1e6)
             elif known is None and len(self.late_costs) < MAX_LATE:  # charged once proven
                 key = (self.epoch, task)
                 self.late_costs[key] = self.late_costs.get(key, 0.0) + (hi - lo) / 1e6
+            else:
+                self.sink.join_cost("uncertain", (hi - lo) / 1e6)
         for conv, us in by_conv.items():
             self.sink.conversation_cost(conv, us / 1e6)
         return max(by_conv, key=lambda c: by_conv[c]) if by_conv else None
@@ -275,19 +358,16 @@ def lineage_parent(sel: Selection | None, epoch: int, last_task: int | None) -> 
     return None
 
 
-def continued_tasks(sel: Selection | None, epoch: int, last_task: int | None) -> tuple[int, ...]:
-    """Earlier tasks of this process whose whole state the prompt contains: the slot's previous
-    task when the slot was chosen for keeping all of it (f_keep printed 1.000), and the tasks
-    behind RAM-cache entries the prompt contains whole. The prompt repeats their prompt and
-    their completion: it is their conversation's next turn (join.py, continuations)."""
+def held_states(sel: Selection | None, epoch: int, last_task: int | None) -> tuple[tuple[int, int], ...]:
+    """Earlier tasks of this process whose state the prompt holds, with how many tokens of it at
+    least: the slot's previous task when the slot was chosen for keeping all of it (f_keep
+    printed 1.000: all but 0.05% of it), and the tasks behind RAM-cache entries the prompt holds
+    whole (lcp = the entry's length)."""
     if sel is None:
         return ()
-    tasks = [src[1] for src in sel.contained if src[0] == epoch]
-    if (
-        sel.method == "lcp"
-        and (sel.f_keep or 0.0) >= CONTINUATION_F_KEEP
-        and last_task is not None
-        and (sel.slot_tokens_before or 0) >= CONTAINED_MIN_TOKENS
-    ):
-        tasks.append(last_task)
-    return tuple(tasks)
+    held = [(src[1], n) for src, n in zip(sel.contained, sel.contained_tokens, strict=True) if src[0] == epoch]
+    state = sel.slot_tokens_before or 0
+    if sel.method == "lcp" and (sel.f_keep or 0.0) >= CONTINUATION_F_KEEP and last_task is not None:
+        if state >= CONTAINED_MIN_TOKENS:
+            held.append((last_task, state - int(state * (1 - CONTINUATION_F_KEEP)) - 1))
+    return tuple(held)

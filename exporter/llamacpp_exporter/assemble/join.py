@@ -76,15 +76,32 @@ What the join proves, and how (every step is a consequence of the rules above):
   queue can be: each is followed (a *world*) and dropped when a line contradicts it (a task
   tried pinned while its front task was not, a launched retry whose request arrived too early
   for its rank). A task's bounds are the union over the worlds.
-- A task whose prompt contains an earlier task's whole state (the RAM-cache entry it was
-  offered, lcp = the entry's length, or the slot kept whole, f_keep 1.000) repeats that task's
-  prompt and completion: it is the same conversation's next turn (both ways: the earlier task
-  is the later one's conversation too). Named so when that conversation is among its
-  candidates. Assumed: no client starts a new conversation id with another conversation's
-  exchange copied verbatim.
-- A task proven to be one arrival (the only arrival of its name among its candidates) takes
-  that arrival out of every other task's candidates, and requests of other clusters keep
-  arrival order against it.
+- A try burst that tried as many new tasks as there were arrivals not tried before it, each
+  of which had to be tried by it (settled long enough before it began) and each try made before
+  another request arrived, tried them in the order they were posted: the order they arrived
+  in, cluster by cluster. The n-th task it tried is the request of the n-th such arrival (or of
+  another of its cluster), and none of them failed or was cancelled before its try.
+- A cancel line's id is the id of the task it cancels: a way the deferred queue can be in which
+  it removed a deferred task is dropped when that task's request arrived in an earlier cluster
+  than a launched task with a smaller id, or in a later one than a task with a larger id.
+- A prompt that holds an earlier task's state with at least one token of its answer (the
+  RAM-cache entry it was offered, lcp = the entry's length, or the slot kept whole, f_keep
+  1.000) was written after that answer existed: its request arrived after the earlier task's
+  timings line (its final response follows that line; a task that did not end so, after its
+  ``init sampler`` line). A request with the same prompt may have produced the same tokens
+  earlier (greedy decoding does): the earliest of those is taken (attribution.AnswerTimes).
+- Such a prompt is the conversation's next turn, or the first turn of a conversation id first
+  seen after that answer existed (a front end that branches or clones a conversation sends
+  another's exchange under a new id), or sent without an id. Its request carries one of those
+  names; both ways along the chain: a task whose exchange a later prompt holds carries one of
+  the names that later request can carry, when none of them is new since that answer or empty.
+  Assumed: no client copies another conversation's exchange into a conversation id it used
+  before that exchange existed.
+- Each request is one task at most: over every task of the window, an arrival a task can be
+  is kept only if some assignment of every task to an arrival of its own gives it that arrival
+  (all-different filtering, ``assignable``). A task proven to be one arrival takes that arrival
+  out of every other task's candidates, and requests of other clusters keep arrival order
+  against it.
 
 Two rules rest on time, both far from what was measured: an arrival is taken to have its id
 ID_DELAY_US after it arrived (tokenizing took 5-47 ms in every recorded run, on a starved
@@ -109,12 +126,14 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
 HEADER: Final = "header"  # the request carried this conversation id
 NONE: Final = "none"  # the request carried no id (cache lineage decides)
 UNCERTAIN: Final = "uncertain"  # the log cannot prove which request this task was
+PARKED: Final = ("", "parked")  # not provable in its window; a later turn may still name it
 
 # Between its arrival line and its id a request only tokenizes its prompt (rule 2): milliseconds
 # in every recorded run, tens of them on a starved machine. Past this bound the join takes it
@@ -130,9 +149,28 @@ OPEN_FOR_US: Final = 300_000_000
 STALE_ARRIVAL_US: Final = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS: Final = 1024  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS: Final = 8192
+# Past this many (task, arrival) pairs in a window, each task is judged by its own candidates only
+# (bounds the work per line on a server whose join stays in doubt for long)
+MAX_MATCH_EDGES: Final = 20_000
+MAX_PASSES: Final = 16  # looks at the open tasks per line, while a chain narrows another's candidates
 # A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
 # came within this of each other: the midpoint is then at most half of it off.
 QUEUE_SPREAD_US: Final = 50_000
+
+
+@dataclass(frozen=True, slots=True)
+class Holds:
+    """What a task's prompt holds of earlier answers (the RAM cache or its slot shows it).
+
+    ``after_us``: the request was written after this log time (an answer it holds existed only
+    then). ``owners``: the task whose exchange is the longest it holds, with that task's twins
+    (requests with the same prompt, whose answers may have been the same tokens)."""
+
+    after_us: int
+    owners: tuple[int, ...]
+
+
+MAX_NAMES: Final = 65536  # conversations whose first arrival is kept (older ones count as new)
 
 
 @dataclass(slots=True)
@@ -146,11 +184,23 @@ class _Arrival:
 
 @dataclass(slots=True)
 class _Deferred:
-    """A task in llama-server's deferred queue (id unknown until it launches)."""
+    """A task in llama-server's deferred queue (id unknown until it launches). One object per
+    task, shared by every world that holds it: what its try burst proves later is set once."""
 
     last_owner: int  # its request is one of the arrivals up to this position
     pinned: int | None  # the slot it asked for (id_slot), if any
     first_burst: int = 0  # the try burst of its first try
+    first_owner: int = 0  # and from this position on
+
+    def bounds(self) -> tuple[int, int, int]:
+        return (self.first_owner, self.last_owner, self.first_burst)
+
+
+# A cancel line's id with the deferred task a world takes it to have removed
+Gone = tuple[int, _Deferred]
+# Whether a launched task (id, first and last position) can be a world's task, given the tasks
+# that world's cancel lines removed (their ids and positions)
+Consistent = Callable[[tuple[Gone, ...], int, int, int], bool]
 
 
 @dataclass(slots=True)
@@ -159,13 +209,17 @@ class _World:
 
     queue: list[_Deferred]
     sent_back: list[_Deferred]  # sent back to the front by a release, the last one first
-    removed: int = 0  # deferred request tasks a cancel line took out
+    gone: tuple[Gone, ...] = ()  # deferred request tasks a cancel line took out, with its id
+
+    @property
+    def removed(self) -> int:
+        return len(self.gone)
 
     def key(self) -> tuple[Any, ...]:
         return (
-            tuple((d.last_owner, d.pinned, d.first_burst) for d in self.queue),
-            tuple((d.last_owner, d.pinned, d.first_burst) for d in self.sent_back),
-            self.removed,
+            tuple((id(d), d.pinned) for d in self.queue),
+            tuple((id(d), d.pinned) for d in self.sent_back),
+            tuple((x, id(d)) for x, d in self.gone),
         )
 
 
@@ -226,9 +280,9 @@ class DeferredQueue:
         self.known_lo = min((len(w.queue) + len(w.sent_back) + w.removed for w in worlds), default=0)
         self.worlds = None
 
-    def may_have_lost_one(self) -> None:
+    def may_have_lost_one(self, task: int) -> None:
         """A cancel line for a task that is not running: a deferred task left the queue (any
-        one of them), or it was another kind of task."""
+        one of them, whose id was ``task``), or it was another kind of task."""
         if self.worlds is None:
             if self.lo > 0:
                 self.lo -= 1
@@ -237,9 +291,10 @@ class DeferredQueue:
         for w in self.worlds:
             out.append(w)
             for i in range(len(w.queue)):
-                out.append(_World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back), w.removed + 1))
+                out.append(_World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back), (*w.gone, (task, w.queue[i]))))
             for i in range(len(w.sent_back)):
-                out.append(_World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :], w.removed + 1))
+                gone = (*w.gone, (task, w.sent_back[i]))
+                out.append(_World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :], gone))
         self._set(out)
 
     def released(self, slot: int) -> None:
@@ -257,37 +312,55 @@ class DeferredQueue:
                 w.sent_back.append(w.queue.pop(k))
 
     def attempt(
-        self, launched: bool, last_owner: int, pinned: int | None, burst: int = 0, min_owner: int = 0
-    ) -> tuple[tuple[int, int], ...]:
-        """A task took its turn at the slots and launched or was deferred (again). It is the
-        task a release sent back (which comes first) or a new one. Returns the last arrival
-        position its request can be at and the try burst of its first try (0: not known), one
-        pair for each way the queue can be. A deferral shows whether the task was pinned, and to which slot (``pinned``): a world
-        whose task at the front asked otherwise is dropped, and so is one in which a launched
-        task would be the retry of a request that arrived before ``min_owner`` (the first
-        position its rank allows)."""
+        self,
+        launched: int | None,
+        last_owner: int,
+        pinned: int | None,
+        burst: int = 0,
+        min_owner: int = 0,
+        consistent: Consistent | None = None,
+    ) -> tuple[tuple[int, int, int], ...]:
+        """A task took its turn at the slots and launched (its id) or was deferred (None), again
+        or for the first time. It is the task a release sent back (which comes first) or a new
+        one. Returns the first and last arrival positions its request can be at and the try
+        burst of its first try (0: not known), one triple for each way the queue can be. A
+        deferral shows whether the task was pinned, and to which slot (``pinned``): a world whose
+        task at the front asked otherwise is dropped, and so is one in which a launched task would
+        be the retry of a request that arrived before ``min_owner`` (the first position its rank
+        allows), or would contradict the ids of the tasks its cancel lines removed.
+        ``self.fresh``: the new task, when it is one in every way the queue can be."""
+        self.fresh: _Deferred | None = None
+        self.retry: bool | None = None  # a retry in every world (True), in none (False), or not known
+        fresh = _Deferred(last_owner, pinned, burst)
         if self.worlds is None:
-            return self._attempt_bounds(launched, last_owner, burst)
-        out, options = [], set()
+            return self._attempt_bounds(launched is not None, last_owner, burst)
+        out, options, kinds = [], set(), set()
         for w in self.worlds:
             back = w.sent_back[-1] if w.sent_back else None
-            if back is not None and not launched and back.pinned != pinned:
+            if back is not None and launched is None and back.pinned != pinned:
                 continue  # the task at its front would have been tried otherwise
-            if back is not None and launched and back.last_owner < min_owner:
+            if back is not None and launched is not None and back.last_owner < min_owner:
                 continue  # its request arrived too early for the launched task's id
+            task = back or fresh
+            if launched is not None and consistent and w.gone and not consistent(w.gone, launched, *task.bounds()[:2]):
+                continue  # a request removed by a cancel line would have its id out of order
             if back is not None:
                 w.sent_back.pop()
-            if not launched:
-                w.queue.append(back or _Deferred(last_owner, pinned, burst))
-            options.add((back.last_owner, back.first_burst) if back is not None else (last_owner, burst))
+            if launched is None:
+                w.queue.append(task)
+            options.add(task.bounds())
+            kinds.add(back is not None)
             out.append(w)
         if not out:  # no world explains it: what is certain only
             self._to_bounds(self.worlds)
-            return self._attempt_bounds(launched, last_owner, burst)
+            return self._attempt_bounds(launched is not None, last_owner, burst)
         self._set(out)
+        if len(kinds) == 1:
+            self.retry = kinds.pop()
+            self.fresh = None if self.retry else fresh
         return tuple(sorted(options))
 
-    def _attempt_bounds(self, launched: bool, last_owner: int, burst: int) -> tuple[tuple[int, int], ...]:
+    def _attempt_bounds(self, launched: bool, last_owner: int, burst: int) -> tuple[tuple[int, int, int], ...]:
         if self.retries_lo > 0:  # certainly a retry
             self.retries_lo -= 1
             self.retries_hi -= 1
@@ -307,14 +380,144 @@ class DeferredQueue:
             self.hi += 1
             self.known_lo += 1
         else:
-            return ((last_owner, burst),)  # certainly a new task, launched
-        return ((last_owner, 0),)
+            return ((0, last_owner, burst),)  # certainly a new task, launched
+        return ((0, last_owner, 0),)
 
     def shift(self, k: int) -> None:
         """The first k arrivals were forgotten."""
-        for w in self.worlds or ():  # the worlds share their tasks: new ones
-            w.queue = [_Deferred(d.last_owner - k, d.pinned, d.first_burst) for d in w.queue]
-            w.sent_back = [_Deferred(d.last_owner - k, d.pinned, d.first_burst) for d in w.sent_back]
+        seen: set[int] = set()
+        for w in self.worlds or ():  # the worlds share their tasks: each moved once
+            for d in (*w.queue, *w.sent_back, *(g for _, g in w.gone)):
+                if id(d) not in seen:
+                    seen.add(id(d))
+                    d.last_owner -= k
+                    d.first_owner = max(0, d.first_owner - k)
+
+
+def assignable(cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] | None:
+    """Each task is the request of one arrival and each arrival the request of one task at most
+    (some arrivals are no task's: their clients gave up, or they failed). Given the arrivals each
+    task can be (positions), keep those it is in at least one assignment of every task to an
+    arrival of its own; None when there is no such assignment. Régin's filtering for
+    all-different: a maximum matching, then an arrival another task holds is usable when the
+    holder can move on along an alternating path to a free arrival or around a cycle."""
+    holder: dict[int, int] = {}  # arrival -> task
+    held: dict[int, int] = {}  # task -> arrival
+    for task in sorted(cands):
+        if not _augment(task, cands, holder, held):
+            return None
+    # nodes: ("t", task), ("a", arrival). Edges: task -> a candidate it does not hold,
+    # arrival -> the task holding it. reach: nodes from which a free arrival can be reached.
+    into: dict[tuple[str, int], list[tuple[str, int]]] = {}  # reversed edges
+    for task, free in cands.items():
+        for k in free:
+            if held[task] == k:
+                into.setdefault(("t", task), []).append(("a", k))
+            else:
+                into.setdefault(("a", k), []).append(("t", task))
+    reach = {("a", k) for free in cands.values() for k in free if k not in holder}
+    stack = list(reach)
+    while stack:
+        for prev in into.get(stack.pop(), ()):
+            if prev not in reach:
+                reach.add(prev)
+                stack.append(prev)
+    component = _components(cands, held)
+    out = {}
+    for task, free in cands.items():
+        ct = component[("t", task)]
+        out[task] = tuple(k for k in free if held[task] == k or ("a", k) in reach or component.get(("a", k)) == ct)
+    return out
+
+
+def _augment(task: int, cands: dict[int, tuple[int, ...]], holder: dict[int, int], held: dict[int, int]) -> bool:
+    """Find an arrival for ``task``, moving other tasks along an alternating path (breadth first)."""
+    came_from: dict[
+        int, tuple[int, int | None]
+    ] = {}  # arrival -> (task that reaches it, the arrival that task gives up)
+    queue: list[tuple[int, int | None]] = [(task, None)]
+    seen_tasks = {task}
+    while queue:
+        nxt: list[tuple[int, int | None]] = []
+        for t, gave in queue:
+            for k in cands[t]:
+                if k in came_from:
+                    continue
+                came_from[k] = (t, gave)
+                if k not in holder:  # free: shift every task on the path
+                    while True:
+                        t_, gave_ = came_from[k]
+                        holder[k] = t_
+                        held[t_] = k
+                        if gave_ is None:
+                            return True
+                        k = gave_
+                t2 = holder[k]
+                if t2 not in seen_tasks:
+                    seen_tasks.add(t2)
+                    nxt.append((t2, k))
+        queue = nxt
+    return False
+
+
+def _components(cands: dict[int, tuple[int, ...]], held: dict[int, int]) -> dict[tuple[str, int], int]:
+    """Strongly connected components (Tarjan, iterative) of: task -> arrival it does not hold,
+    arrival -> the task holding it."""
+    succ: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for task, free in cands.items():
+        succ[("t", task)] = [("a", k) for k in free if held[task] != k]
+        succ[("a", held[task])] = [("t", task)]
+    index: dict[tuple[str, int], int] = {}
+    low: dict[tuple[str, int], int] = {}
+    comp: dict[tuple[str, int], int] = {}
+    on_stack: set[tuple[str, int]] = set()
+    stack: list[tuple[str, int]] = []
+    counter = 0
+    for root in succ:
+        if root in index:
+            continue
+        work = [(root, 0)]
+        while work:
+            node, i = work.pop()
+            if i == 0:
+                index[node] = low[node] = counter
+                counter += 1
+                stack.append(node)
+                on_stack.add(node)
+            edges = succ.get(node, [])
+            if i < len(edges):
+                work.append((node, i + 1))
+                nxt = edges[i]
+                if nxt not in index:
+                    work.append((nxt, 0))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            if low[node] == index[node]:
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp[w] = index[node]
+                    if w == node:
+                        break
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+    return comp
+
+
+@dataclass(slots=True)
+class _Window:
+    """A window the join closed (it started afresh) while some of its tasks were still
+    ambiguous: its arrivals' names and the arrivals each of its tasks could be, so that a later
+    prompt holding one of those tasks' exchanges can still name it, and its neighbours."""
+
+    names: list[str]
+    cands: dict[int, tuple[int, ...]]
+    closed_us: int
+
+
+MAX_WINDOWS: Final = 32  # closed windows whose ambiguous tasks a later turn may still name
 
 
 class HeaderJoin:
@@ -331,11 +534,16 @@ class HeaderJoin:
         self._in_burst = False
         self._now_us = 0  # the log time of the last input that has one
         self._results: OrderedDict[int, tuple[str, str]] = OrderedDict()
+        self._parked: set[int] = set()  # ambiguous when this window closed: named later, or not
+        self._closed: OrderedDict[int, _Window] = OrderedDict()  # parked task -> its closed window
+        self._first_seen: OrderedDict[str, int] = OrderedDict()  # conversation -> its first arrival (log time)
         self._queue_us: OrderedDict[int, int] = OrderedDict()  # task -> arrival to launch, where known
         self._reset()
 
     # ------------------------------------------------------------ state
     def _reset(self) -> None:
+        if getattr(self, "_parked", None):
+            self._close_window()
         self._arrivals: list[_Arrival] = []
         self._open: list[int] = []  # unsettled arrivals (positions)
         self._params_lines = 0  # "chat format" lines logged since, by the unsettled arrivals at most
@@ -344,7 +552,7 @@ class HeaderJoin:
         self._last_owner: dict[int, int] = {}  # task id -> its request is at this position or before
         # task id -> (last position its request can be at, try burst of its first try or 0), one
         # pair for each way the deferred queue can have been when it launched
-        self._first_try: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._first_try: dict[int, tuple[tuple[int, int, int], ...]] = {}
         self._launched_us: dict[int, int] = {}  # unresolved task -> when it launched
         self._ambiguous: list[int] = []  # cancelled before launch: a completion or not
         self._unresolved: set[int] = set()
@@ -354,10 +562,20 @@ class HeaderJoin:
         self._pinned: int | None = None
         self._last_arrival_us = 0
         self._last_activity_us = 0
-        self._continues: dict[int, tuple[int, ...]] = {}  # unresolved task -> tasks whose state it continues
-        self._continued_by: dict[int, list[int]] = {}  # unresolved task -> later tasks that continue its state
+        # task -> what its prompt holds of earlier answers; the holder of each owner without twins
+        self._holds: dict[int, Holds] = {}
+        self._held_by: dict[int, list[int]] = {}
+        # resolved task -> the arrival positions it can be: still a constraint on the others
+        self._cands: dict[int, tuple[int, ...]] = {}
+        self._open_cands: dict[int, tuple[int, ...]] = {}  # open task -> its candidates at the last look
+        self._looked_at: tuple[Any, ...] = ()
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
         self._untried_from = 0  # arrivals before this position are marked tried_by
+        self._tried: int | None = 0  # the arrivals before this position are the requests tried so far
+        # new tasks tried in this burst, in order, with the arrivals there were when each was tried
+        self._burst_tries: list[tuple[int, int | _Deferred] | None] = []
+        self._burst_arrivals = 0  # arrivals when the burst began
+        self._burst_covers = False  # each of them had to be tried by this burst
 
     def start_of_process(self) -> None:
         """``initializing ...``: a new process; ids start at 0 and every request will be seen."""
@@ -377,17 +595,59 @@ class HeaderJoin:
 
     def pending(self, task: int) -> bool:
         """Seen and not resolved yet: the log may still settle it."""
-        return task in self._unresolved
+        return task in self._unresolved or task in self._parked or task in self._closed
 
     def give_up(self, task: int) -> tuple[str, str]:
         """The log did not settle the task in time."""
         res = self._results.get(task)
         if res is None:
             self._unresolved.discard(task)
-            self._continues.pop(task, None)
-            self._continued_by.pop(task, None)
+            self._parked.discard(task)
+            self._closed.pop(task, None)
             res = self._store(task, (UNCERTAIN, ""))
         return res
+
+    def _close_window(self) -> None:
+        """The join starts afresh: the tasks still ambiguous keep their window, to be named by a
+        later turn that holds one's exchange (``_name_closed``), for OPEN_FOR_US at most."""
+        window = _Window([a.name for a in self._arrivals], dict(self._cands), self._now_us)
+        for task in self._parked:
+            self._closed[task] = window
+        self._parked = set()
+        while self._closed:
+            task, oldest = next(iter(self._closed.items()))
+            if (
+                self._now_us - oldest.closed_us <= OPEN_FOR_US
+                and len({id(w) for w in self._closed.values()}) <= MAX_WINDOWS
+            ):
+                break
+            del self._closed[task]
+            self._store(task, (UNCERTAIN, ""))
+
+    def _name_closed(self) -> None:
+        """A later turn's prompt holds the exchange of a task of a closed window: that task
+        carries one of the names the later request can carry (see _conversation_of); with it, the
+        window's other tasks may be named too (each request one task)."""
+        touched = []
+        for owner, window in list(self._closed.items()):
+            required = self._required_by_holders(owner)
+            if required is None:
+                continue
+            free = tuple(k for k in window.cands.get(owner, ()) if window.names[k] in required)
+            if free != window.cands.get(owner):
+                window.cands[owner] = free
+                touched.append(window)
+        for window in {id(w): w for w in touched}.values():
+            usable = assignable(window.cands)
+            if usable is None:
+                continue  # no assignment: the rule did not hold here; name nothing by it
+            window.cands.update(usable)
+            for task, free in usable.items():
+                names = {window.names[k] for k in free}
+                if len(names) == 1 and self._closed.get(task) is window:
+                    del self._closed[task]
+                    name = names.pop()
+                    self._store(task, (HEADER, name) if name else (NONE, ""))
 
     def _store(self, task: int, res: tuple[str, str]) -> tuple[str, str]:
         self.version += 1
@@ -396,12 +656,12 @@ class HeaderJoin:
             self._results.popitem(last=False)
         return res
 
-    def _fail_unresolved(self) -> None:
-        for task in self._unresolved:
+    def _fail_unresolved(self, parked_too: bool = True) -> None:
+        for task in self._unresolved | (self._parked if parked_too else set()):
             self._store(task, (UNCERTAIN, ""))
         self._unresolved.clear()
-        self._continues.clear()
-        self._continued_by.clear()
+        if parked_too:
+            self._parked.clear()
         self._launched_us.clear()
 
     # ------------------------------------------------------------ inputs, in log order
@@ -416,6 +676,10 @@ class HeaderJoin:
             self._cluster += 1
         self._open.append(len(self._arrivals))
         self._arrivals.append(_Arrival(name, self._cluster, now_us))
+        if name and name not in self._first_seen:
+            self._first_seen[name] = now_us
+            if len(self._first_seen) > MAX_NAMES:
+                self._first_seen.popitem(last=False)
         if len(self._arrivals) > MAX_ARRIVALS:
             self._fail_unresolved()
             self._reset()
@@ -463,10 +727,60 @@ class HeaderJoin:
                     break  # later ones keep their place: checked at the next burst
                 a.tried_by = self._burst
             self._untried_from = k + 1
+        self._burst_arrivals = len(self._arrivals)
+        self._burst_covers = self._untried_from >= len(self._arrivals)
+
+    def _end_burst(self) -> None:
+        """A try burst is over. The main loop tries its queue in the order the requests were
+        posted, which is the order they arrived in, cluster by cluster: when the burst tried as
+        many new tasks as there were arrivals not tried before it, and each of them had to be
+        tried by it, the n-th task it tried is the request of the n-th of those arrivals (or of
+        another in its cluster), and none of them failed or was cancelled before its try."""
+        self._in_burst = False
+        tries, self._burst_tries = self._burst_tries, []
+        if not tries or self._tried is None:
+            return
+        start, end = self._tried, self._burst_arrivals
+        # each try before any other request arrived, as many as the arrivals not tried before
+        ok = self._burst_covers and end - start == len(tries) and all(t is not None and t[0] == end for t in tries)
+        if not ok:
+            self._tried = None  # which arrivals were tried is no longer known (until the join starts afresh)
+            return
+        arrivals = self._arrivals
+        for i, (_, t) in enumerate(t_ for t_ in tries if t_ is not None):
+            first = last = start + i
+            while first > start and arrivals[first - 1].cluster == arrivals[start + i].cluster:
+                first -= 1
+            while last < end - 1 and arrivals[last + 1].cluster == arrivals[start + i].cluster:
+                last += 1
+            if isinstance(t, _Deferred):
+                t.first_owner, t.last_owner = max(t.first_owner, first), min(t.last_owner, last)
+            elif t in self._first_try:
+                self._first_try[t] = tuple((max(fo, first), min(lo_, last), fb) for fo, lo_, fb in self._first_try[t])
+                self._last_owner[t] = min(self._last_owner[t], last)
+        self._tried = end
+        if self.aligned:
+            self._resolve_all()
+
+    def _consistent(self, gone: tuple[Gone, ...], task: int, first: int, last: int) -> bool:
+        """Requests of different clusters took their ids in arrival order: a launched task cannot
+        be a deferred task whose world takes a cancel line to have removed a task of an earlier
+        cluster with a larger id, or of a later cluster with a smaller one."""
+        arrivals = self._arrivals
+        n = len(arrivals)
+        for x, g in gone:
+            if x > task and 0 <= g.last_owner < n and 0 <= first < n:
+                if arrivals[g.last_owner].cluster < arrivals[first].cluster:
+                    return False
+            elif x < task and 0 <= g.first_owner < n and 0 <= last < n:
+                if arrivals[g.first_owner].cluster > arrivals[last].cluster:
+                    return False
+        return True
 
     def batch_line(self) -> None:
         """A line of the main loop's batch (update_slots): the try burst, if any, is over."""
-        self._in_burst = False
+        if self._in_burst:
+            self._end_burst()
 
     def all_slots_idle(self, now_us: int) -> None:
         """``all slots are idle``: the main loop has just tried every queued task and none
@@ -475,9 +789,11 @@ class HeaderJoin:
         request posted before has therefore launched, or was cancelled or failed: when every
         arrival was settled long enough ago (its task posted), nothing of the past can become a
         task any more, and the join starts afresh, aligned."""
+        if self._in_burst:
+            self._end_burst()
         self._deferred = DeferredQueue()
         self._busy_next, self._pinned = 0, None
-        self._now_us, self._in_burst = now_us, False
+        self._now_us = now_us
         self._settle_old(now_us)
         if not self.aligned:
             if now_us - self._last_arrival_us > POSTED_AFTER_US:
@@ -490,7 +806,7 @@ class HeaderJoin:
         seen = len(self._definite) + len(self._ambiguous)
         self.dropped_arrivals += max(0, len(self._arrivals) - seen)
         self.never_started += max(0, len(self._arrivals) - len(self._definite))
-        self._fail_unresolved()
+        self._fail_unresolved(parked_too=False)
         self._rebase()
 
     def slot_busy(self, slot: int, now_us: int | None = None) -> None:
@@ -519,19 +835,18 @@ class HeaderJoin:
         self._busy_next = 0
         self._pinned = slot if pinned else None
 
-    def launched(self, task: int, now_us: int, all_idle_before: bool, continues: tuple[int, ...] = ()) -> None:
-        """A request task launched (``is_child = 0``) or failed to launch. ``continues``: the
-        earlier tasks of this process whose whole state its prompt contains (see continuations)."""
+    def launched(self, task: int, now_us: int, all_idle_before: bool, holds: Holds | None = None) -> None:
+        """A request task launched (``is_child = 0``) or failed to launch. ``holds``: what its
+        prompt holds of earlier answers (see "a prompt that holds an answer")."""
         self._now_us = now_us
         self.tick(now_us, all_idle_before)
         self._busy_next, self._pinned = 0, None
         self.last_max_id = max(self.last_max_id, task)
         self._last_activity_us = now_us
-        if continues:
-            self._continues[task] = continues
-            for parent in continues:  # the same conversation both ways
-                if parent in self._unresolved:
-                    self._continued_by.setdefault(parent, []).append(task)
+        if holds is not None:
+            self._holds[task] = holds
+            if len(holds.owners) == 1:
+                self._held_by.setdefault(holds.owners[0], []).append(task)
         self._attempt(task, None)
 
     def foreign_launch(self, now_us: int) -> None:
@@ -556,13 +871,14 @@ class HeaderJoin:
         if j < len(self._ambiguous) and self._ambiguous[j] == task:
             return
         self._ambiguous.insert(j, task)
-        self._deferred.may_have_lost_one()
+        self._deferred.may_have_lost_one(task)
         self._resolve_all()
 
     def released(self, slot: int, now_us: int) -> None:
         """A slot stopped: llama-server sends one deferred task back to the front."""
         self._last_activity_us = self._now_us = now_us
-        self._in_burst = False  # a release is part of the batch
+        if self._in_burst:  # a release is part of the batch
+            self._end_burst()
         self._busy_next, self._pinned = 0, None
         self._settle_old(now_us)
         self._deferred.released(slot)
@@ -599,13 +915,19 @@ class HeaderJoin:
                 min_owner = lo
                 while min_owner > 0 and self._arrivals[min_owner - 1].cluster == self._arrivals[lo].cluster:
                     min_owner -= 1
-        options = self._deferred.attempt(task is not None, len(self._arrivals) - 1, pinned, self._burst, min_owner)
+        dq = self._deferred
+        options = dq.attempt(task, len(self._arrivals) - 1, pinned, self._burst, min_owner, self._consistent)
+        if dq.retry is None:
+            self._burst_tries.append(None)  # a retry in some worlds: this burst's order proves nothing
+        elif not dq.retry:
+            tried = task if task is not None else dq.fresh
+            self._burst_tries.append((len(self._arrivals), tried) if tried is not None else None)
         if task is not None:
             if not self.aligned or task <= self._base_id or task in self._results:
                 self._store(task, (UNCERTAIN, ""))
                 return
             bisect.insort(self._definite, task)
-            self._last_owner[task] = max(o[0] for o in options)
+            self._last_owner[task] = max(o[1] for o in options)
             self._first_try[task] = options
             self._launched_us[task] = self._now_us
             self._unresolved.add(task)
@@ -632,31 +954,67 @@ class HeaderJoin:
         for i in range(len(ids) - 1, -1, -1):
             best = min(best, self._last_owner[ids[i]] - i)
             suffix_min[i] = best
-        progress = True
-        while progress and self._unresolved:  # a task settled may settle another (claims, continuations)
+        # what the open tasks' candidates depend on: unchanged since the last look, nothing new
+        # can be proven (and a look costs a pass over the window)
+        state = (
+            len(ids),
+            len(self._arrivals),
+            len(self._claimed),
+            self.version,
+            self._untried_from,
+            len(self._open),
+            tuple(suffix_min[:1]),
+            final or any(self._now_us - self._launched_us.get(t, 0) > OPEN_FOR_US for t in self._unresolved),
+        )
+        progress = state != self._looked_at
+        self._looked_at = state
+        passes = 0
+        while progress and self._unresolved:  # a task settled may settle another (claims, chains)
             progress = False
+            passes += 1
+            cands: dict[int, tuple[int, ...]] = {}
             for task in sorted(self._unresolved):
                 j = bisect.bisect_left(ids, task)
-                res = self._resolve(
-                    task, j, j + suffix_min[j], final or self._now_us - self._launched_us.get(task, 0) > OPEN_FOR_US
-                )
-                if res is not None:
-                    self._launched_us.pop(task, None)
-                    self._unresolved.discard(task)
-                    self._continues.pop(task, None)
-                    self._continued_by.pop(task, None)
-                    self._store(task, res)
+                free = self._candidates(task, j, j + suffix_min[j])
+                if free is None:  # more tasks than requests: something the join cannot see
+                    self._settle(task, (UNCERTAIN, ""))
                     progress = True
+                else:
+                    cands[task] = free
+            if progress:
+                continue  # the tasks left are looked at again without the one settled
+            if any(len({self._arrivals[k].name for k in free}) > 1 for free in cands.values()):
+                cands = self._feasible(cands)
+            # fewer candidates for one task may leave fewer names to the tasks of its chain
+            narrowed = passes < MAX_PASSES and any(self._open_cands.get(t) != c for t, c in cands.items())
+            self._open_cands = cands
+            progress = narrowed
+            for task, free in cands.items():
+                res = self._decide(task, free, final or self._now_us - self._launched_us.get(task, 0) > OPEN_FOR_US)
+                if res is not None:
+                    self._settle(task, res)
+                    progress = True
+        if self._closed:
+            self._name_closed()
         self._maybe_rebase()
         self._prune(suffix_min)
 
-    def _resolve(self, task: int, lo: int, hi: int, final: bool) -> tuple[str, str] | None:
-        """The task's rank r lies in [lo, hi]. The arrivals of one cluster hold the ranks of
-        their positions in some order, so the owner is in the cluster of a position in
-        [lo, hi], at or before its last possible position."""
+    def _settle(self, task: int, res: tuple[str, str]) -> None:
+        self._launched_us.pop(task, None)
+        self._unresolved.discard(task)
+        if res is PARKED:
+            self._parked.add(task)
+        else:
+            self._store(task, res)
+
+    def _candidates(self, task: int, lo: int, hi: int) -> tuple[int, ...] | None:
+        """The arrival positions the task's request can be, or None where it can be none. The
+        task's rank r lies in [lo, hi]. The arrivals of one cluster hold the ranks of their
+        positions in some order, so the owner is in the cluster of a position in [lo, hi], at
+        or before its last possible position."""
         last = self._last_owner[task]
         if lo > hi or lo > last:
-            return (UNCERTAIN, "")  # more tasks than requests: something the join cannot see
+            return None
         arrivals = self._arrivals
         first = lo
         while first > 0 and arrivals[first - 1].cluster == arrivals[lo].cluster:
@@ -667,34 +1025,137 @@ class HeaderJoin:
         # the arrivals it can be: not those another task is proven to be
         claimed = self._claimed
         # its request arrived before its first try, and was not tried in an earlier burst
-        options = self._first_try.get(task, ((last, 0),))
-        free = [
+        options = self._first_try.get(task, ((0, last, 0),))
+        holds = self._holds.get(task)
+        after = holds.after_us if holds is not None else -1  # after the answer its prompt holds existed
+        named = self._conversation_of(task, holds)
+        # requests of different clusters took their ids in arrival order: not before a cluster
+        # whose request has a smaller id, nor after one whose request has a larger id
+        lo_cluster, hi_cluster = -1, 1 << 60
+        for q, other in claimed.items():
+            if other < task:
+                lo_cluster = max(lo_cluster, arrivals[q].cluster)
+            elif other > task:
+                hi_cluster = min(hi_cluster, arrivals[q].cluster)
+        return tuple(
             k
             for k in range(first, end + 1)
             if claimed.get(k, task) == task
-            and any(k <= lo_ and (arrivals[k].tried_by or fb) >= fb for lo_, fb in options)
-            and self._in_order(k, task)
-        ]
-        names = {arrivals[k].name for k in free}
-        if len(names) == 1:
-            name = names.pop()
+            and lo_cluster <= arrivals[k].cluster <= hi_cluster
+            and arrivals[k].at_us >= after
+            and any(fo <= k <= lo_ and (arrivals[k].tried_by or fb) >= fb for fo, lo_, fb in options)
+            and (named is None or named(arrivals[k].name))
+        )
+
+    def _conversation_of(self, task: int, holds: Holds | None) -> Callable[[str], bool] | None:
+        """Which names the task's request can carry, by the exchanges prompts hold (None: any).
+        A prompt that holds a conversation's exchange is that conversation's next turn, or the
+        first turn of a conversation id first seen after that exchange existed (a front end that
+        branches or clones a conversation), or sent without an id. Both ways, along the chain:
+        the names the task whose exchange its own prompt holds can carry, and, for each later
+        prompt that holds this task's exchange and can carry none but names seen before that
+        exchange existed, those names."""
+        seen = self._first_seen
+        allowed: set[str] | None = None
+        after = 0
+        if holds is not None:
+            allowed, after = set(), holds.after_us
+            for owner in holds.owners:
+                names = self._names_of(owner)
+                if names is None:
+                    allowed = None
+                    break
+                allowed |= names
+        required = self._required_by_holders(task)
+        if allowed is None and required is None:
+            return None
+
+        def can_be(name: str) -> bool:
+            if required is not None and name not in required:
+                return False
+            return allowed is None or not name or name in allowed or seen.get(name, after) >= after
+
+        return can_be
+
+    def _required_by_holders(self, task: int) -> set[str] | None:
+        """The names a task's request can carry by the later prompts that hold its exchange: each
+        of them that can carry no name but names seen before that exchange existed (so no branch
+        or clone of it, nor a request without an id) carries the task's own name."""
+        seen = self._first_seen
+        required: set[str] | None = None
+        for later in self._held_by.get(task, ()):
+            names = self._names_of(later)
+            at = self._holds[later].after_us
+            if names is None or any(not n or seen.get(n, at) >= at for n in names):
+                continue  # maybe sent without an id, or a conversation that began as a copy of this exchange
+            required = names if required is None else required & names
+        return required
+
+    def _names_of(self, task: int) -> set[str] | None:
+        """The names a task's request can carry as far as the join knows now (None: any)."""
+        res = self._results.get(task)
+        if res is not None and res[0] != UNCERTAIN:
+            return {res[1]}
+        window = self._closed.get(task)
+        if window is not None:
+            return {window.names[k] for k in window.cands.get(task, ())}
+        if res is None and task in self._unresolved:
+            free = self._open_cands.get(task)
         else:
-            continued = self._continued_name(task)
-            if continued is None or continued not in names:
-                if continued is None and self._continues_pending(task):
-                    return None  # what it continues is not named yet
-                # a later line may still settle it (a neighbour proven, a continuation, an
-                # idle server): it stays open until the join starts afresh
-                if not final:
-                    return None
-                self._pin_queue(task, free)  # which request is unknown, but perhaps not when it came
-                return (UNCERTAIN, "")
-            name = continued
+            free = self._cands.get(task)  # settled, or parked in this window
+        if free is None:
+            return None
+        arrivals = self._arrivals
+        return {arrivals[k].name for k in free if k < len(arrivals)}
+
+    def _feasible(self, cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
+        """Each request is one task at most: of the arrivals the open tasks can be, those they
+        can be while every task of the window (settled ones too) has an arrival of its own
+        (every arrival in a task's candidates stays there in some assignment of all tasks)."""
+        every = {**self._cands, **cands}
+        if sum(len(c) for c in every.values()) > MAX_MATCH_EDGES:
+            return cands  # past this, each task's own candidates only (fewer names, never wrong)
+        usable = assignable(every)
+        if usable is None:  # no assignment: a task the join cannot see; nothing more is provable
+            return cands
+        for task, free in usable.items():
+            if task in self._cands:
+                self._cands[task] = free
+                if len(free) == 1:
+                    self._claimed[free[0]] = task
+                names = {self._arrivals[k].name for k in free}
+                if task in self._parked and len(names) == 1:  # the window narrowed it since
+                    self._parked.discard(task)
+                    name = names.pop()
+                    self._store(task, (HEADER, name) if name else (NONE, ""))
+        return {task: usable[task] for task in cands}
+
+    def _decide(self, task: int, free: tuple[int, ...], final: bool) -> tuple[str, str] | None:
+        """Named when the arrivals it can be carry one name; uncertain once the log can no longer
+        narrow them (``final``); None while it still may."""
+        arrivals = self._arrivals
+        names = {arrivals[k].name for k in free}
+        if len(names) != 1:
+            # a later line may still settle it (a neighbour proven, an idle server): it stays
+            # open until the join starts afresh
+            if not final:
+                return None
+            self._pin_queue(task, list(free))  # which request is unknown, but perhaps not when it came
+            self._keep_candidates(task, free)
+            if task in self._cands:
+                return PARKED  # a later turn that holds its exchange may still name it
+            return (UNCERTAIN, "")
+        name = names.pop()
         at = [k for k in free if arrivals[k].name == name]
         if len(at) == 1:
-            claimed[at[0]] = task
+            self._claimed[at[0]] = task
         self._pin_queue(task, at)
+        self._keep_candidates(task, free)
         return (HEADER, name) if name else (NONE, "")
+
+    def _keep_candidates(self, task: int, free: tuple[int, ...]) -> None:
+        if free and len(self._cands) < MAX_RESULTS:
+            self._cands[task] = free
 
     def _pin_queue(self, task: int, candidates: list[int]) -> None:
         """The task's queue time, if the arrivals it can be (positions, in arrival order) came
@@ -707,36 +1168,6 @@ class HeaderJoin:
             self._queue_us[task] = launched - (first + last) // 2
             if len(self._queue_us) > MAX_RESULTS:
                 self._queue_us.popitem(last=False)
-
-    def _in_order(self, k: int, task: int) -> bool:
-        """Requests of different clusters took their ids in arrival order: the task cannot be
-        the request at k if a later cluster's request has a smaller id, or an earlier one's a
-        larger id."""
-        cluster = self._arrivals[k].cluster
-        for q, other in self._claimed.items():
-            if other == task:
-                continue
-            c = self._arrivals[q].cluster
-            if (c > cluster and other < task) or (c < cluster and other > task):
-                return False
-        return True
-
-    def _continues_pending(self, task: int) -> bool:
-        return any(parent in self._unresolved for parent in self._continues.get(task, ()))
-
-    def _continued_name(self, task: int) -> str | None:
-        """The conversation of the tasks this one continues (whose whole state its prompt
-        contains) and of those that continue it, if every one of them that is named is named
-        after one conversation id and none of them was found to be another's."""
-        names = set()
-        for other in (*self._continues.get(task, ()), *self._continued_by.get(task, ())):
-            res = self._results.get(other)
-            if res is None:
-                continue
-            if res[0] != HEADER:
-                return None
-            names.add(res[1])
-        return names.pop() if len(names) == 1 else None
 
     def _prune(self, suffix_min: list[int]) -> None:
         """Forget the oldest arrivals and ids once they are settled: when the k smallest ids
@@ -765,11 +1196,20 @@ class HeaderJoin:
         for t in ids:
             self._last_owner[t] -= k
             if t in self._first_try:
-                self._first_try[t] = tuple((lo_ - k, fb) for lo_, fb in self._first_try[t])
+                self._first_try[t] = tuple((max(0, fo - k), lo_ - k, fb) for fo, lo_, fb in self._first_try[t])
         self._ambiguous = [a for a in self._ambiguous if a > top]
         self._open = [i - k for i in self._open]
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
+        # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
+        self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
+        self._cands = {t: c for t, c in self._cands.items() if c}
+        self._open_cands = {}
+        self._holds = {t: h for t, h in self._holds.items() if t > top}
+        self._held_by = {t: h for t, h in self._held_by.items() if t > top}
         self._untried_from = max(0, self._untried_from - k)
+        if self._tried is not None:
+            self._tried = max(0, self._tried - k)
+        self._burst_arrivals = max(0, self._burst_arrivals - k)
         self._deferred.shift(k)
         self._base_id = max(self._base_id, top)
 

@@ -50,8 +50,9 @@ class Selection:
     f_sim: float | None = None
     lora_cleared: bool = False
     # RAM-cache entries the prompt contains whole (lcp = the entry's length): the tasks that
-    # computed them. The prompt continues their conversations (see join.py, continuations).
+    # computed them, and their lengths (see join.py, a prompt that holds an answer).
     contained: tuple[Source, ...] = ()
+    contained_tokens: tuple[int, ...] = ()  # their lengths
 
     def hand_over(self, d: TaskDraft) -> None:
         """What the task launched on the slot inherits from its selection."""
@@ -105,7 +106,9 @@ class PromptCacheLog:
         sources = self.mirror.sources([c.n_tokens for c in sel.candidates])
         pairs = [(c, src) for c, src in zip(sel.candidates, sources or (), strict=False) if src is not None]
         sel.compared = tuple((src[1], c.lcp) for c, src in pairs)
-        sel.contained = tuple(src for c, src in pairs if c.lcp == c.n_tokens >= CONTAINED_MIN_TOKENS)
+        whole = [(c, src) for c, src in pairs if c.lcp == c.n_tokens >= CONTAINED_MIN_TOKENS]
+        sel.contained = tuple(src for _, src in whole)
+        sel.contained_tokens = tuple(c.n_tokens for c, _ in whole)
 
     def before(self, ev: object) -> None:
         """Any other line of the main loop ends a listing, and a save (its own removals are

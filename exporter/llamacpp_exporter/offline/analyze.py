@@ -102,6 +102,8 @@ class Analysis:
     sources: dict[str, Any]
     history: History | None = None
     file_ends: list[FileEnd] = field(default_factory=list)
+    # seconds of other requests' decoding that prefills overlapped: (of named conversations, all)
+    join_costs: tuple[float, float] | None = None
 
     @cached_property
     def records(self) -> list[RequestRecord]:
@@ -220,6 +222,15 @@ def read_logs(
     bar.close()
     store.apply_proofs()
     return LogReading(pl, _lines_read(pl), history, ends, problems)
+
+
+def join_costs(pl: Pipeline) -> tuple[float, float]:
+    """The seconds of decoding that prefills overlapped, of named conversations and in all (those
+    still waiting for a proof at the end of the log count as not named)."""
+    by_source = pl.requests.conversation_join_cost.values
+    named = sum(v for (_, source), v in by_source.items() if source in ("header", "lineage"))
+    pending = sum(sum(a.attribution.late_costs.values()) for a in pl.assemblers)
+    return named, sum(by_source.values()) + pending
 
 
 def _lines_read(pl: Pipeline) -> int:
@@ -344,7 +355,7 @@ def analyze(
         sources["files_not_read_to_the_end"] = reading.problems
     if inputs.events:
         sources["events_matched_to_log"] = store.matched_to_events
-    return Analysis(store, pl.costs.snapshot(), sources, reading.history, reading.file_ends)
+    return Analysis(store, pl.costs.snapshot(), sources, reading.history, reading.file_ends, join_costs(pl))
 
 
 def dated(result: Analysis) -> list[tuple[float | None, RequestRecord]]:
@@ -393,6 +404,7 @@ def streamed_report(
         conversations=None if windowed else result.conversations,
         top=opts.top,
         sources=dict(result.sources, since=since, until=until) if windowed else result.sources,
+        join_costs=None if windowed else result.join_costs,
     )
     if windowed and undated:
         rep["unknown"].append(undated_unknown(undated))

@@ -35,6 +35,7 @@ from .report_types import (
     Percentiles,
     Rate,
     Report,
+    Share,
     TopConversations,
     Unknown,
 )
@@ -312,6 +313,8 @@ class ReportBuilder:
         self.conversations: dict[str, dict[str, Any]] = {}  # for an events file alone: what each computed
         self.chh = _CouldHaveHit(gap_seconds)
         self.curve = _CacheSizeCurve()
+        self.named = [0, 0]  # completed requests with a conversation, all
+        self.named_prefill = [0.0, 0.0]
 
     def count(self, r: RequestRecord) -> None:
         if r.kind != "completion":
@@ -328,6 +331,12 @@ class ReportBuilder:
         finished = not ((r.cancelled or r.failed) and r.generated_tokens is None)
         if finished:
             self.finished += 1
+            named = r.conversation_source in ("header", "lineage")
+            self.named[0] += named
+            self.named[1] += 1
+            if r.prefill_seconds:
+                self.named_prefill[0] += r.prefill_seconds if named else 0.0
+                self.named_prefill[1] += r.prefill_seconds
             self.diag += r.reuse_source == "log"
             self.no_outcome += r.outcome is None and r.reused_tokens is None
         if r.prompt_tokens is not None and r.reused_tokens is not None:
@@ -387,7 +396,11 @@ class ReportBuilder:
             self._last_takeover = (r.epoch, r.start_us)
 
     def result(
-        self, conversations: list[dict[str, Any]] | None = None, top: int = 10, sources: dict[str, Any] | None = None
+        self,
+        conversations: list[dict[str, Any]] | None = None,
+        top: int = 10,
+        sources: dict[str, Any] | None = None,
+        join_costs: tuple[float, float] | None = None,
     ) -> Report:
         unknowns = self._unknowns(sources)
         excluded = {k: self.chh.excluded[k] for k in EXCLUSIONS}
@@ -436,6 +449,13 @@ class ReportBuilder:
             },
             "lora_mismatch_reuse": {lo: self.mismatch[lo] for lo in LORA_STATES},
             "top_conversations": self._top(conversations, top),
+            "named": {
+                "requests": {"named": self.named[0], "total": self.named[1]},
+                "prefill_seconds": {"named": round(self.named_prefill[0], 6), "total": round(self.named_prefill[1], 6)},
+                "cost_to_others_seconds": (
+                    None if join_costs is None else {"named": round(join_costs[0], 6), "total": round(join_costs[1], 6)}
+                ),
+            },
         }
         rep["findings"] = findings(rep)
         return rep
@@ -515,6 +535,7 @@ def build(
     top: int = 10,
     sources: dict[str, Any] | None = None,
     history: list[RequestRecord] | None = None,
+    join_costs: tuple[float, float] | None = None,
 ) -> Report:
     """The whole report from the records in memory (and, when the log was read, the pipeline's
     conversation costs). history: all the records, when `records` is a time window of them (a
@@ -525,7 +546,7 @@ def build(
     wanted = {id(r) for r in records}
     for r in _start_order(history if history else [r for r in records if r.kind == "completion"]):
         builder.follow(r, id(r) in wanted)
-    return builder.result(conversations, top, sources)
+    return builder.result(conversations, top, sources, join_costs)
 
 
 # ------------------------------------------------------------------ renderings
@@ -647,6 +668,15 @@ def _tables(rep: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
             + f"small-task takeovers of a big conversation's slot: {rep['small_task_takeovers']}",
         )
     )
+    out.append(
+        (
+            "Who is named: completed requests with a conversation",
+            ["", "named", "of", "share"],
+            [[name, cell(sh["named"]), cell(sh["total"]), _pct(sh)] for name, sh in _named_shares(rep)],
+            "named by the X-Conversation-Id they sent or by cache lineage; the rest the log cannot prove "
+            "(see README: who slowed everyone down)",
+        )
+    )
     top = rep["top_conversations"]
     cols = ["conversation", "requests", "prompt_tokens", "prefill_seconds"]
     if top["by"] == "cost_to_others_seconds":
@@ -665,6 +695,26 @@ def _tables(rep: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
         )
     )
     return out
+
+
+def _named_shares(rep: Report) -> list[tuple[str, Share]]:
+    named = rep.get("named")
+    if named is None:
+        return []
+    out: list[tuple[str, Share]] = [("requests", named["requests"]), ("prefill seconds", named["prefill_seconds"])]
+    cost = named["cost_to_others_seconds"]
+    if cost is not None:
+        out.append(("their prefills' cost to others (s)", cost))
+    return out
+
+
+def _ratio(share: Share) -> float | None:
+    return round(share["named"] / share["total"], 4) if share["total"] else None
+
+
+def _pct(share: Share) -> str:
+    r = _ratio(share)
+    return "-" if r is None else f"{100 * r:.0f}%"
 
 
 def _curve_table(cc: CacheSizeCurve) -> tuple[str, list[str], list[list[str]], str]:
@@ -827,6 +877,8 @@ def csv_rows(rep: Report) -> Iterable[list[Any]]:
             yield ["cache_size_curve", "", "", f"{name}_misses_avoided", pt["misses_avoided"], cc["evicted_misses"], ""]
             yield ["cache_size_curve", "", "", f"{name}_prefill_seconds_avoided", "", "", pt["prefill_seconds_avoided"]]
     yield ["small_task_takeovers", "", "", "count", "", "", rep["small_task_takeovers"]]
+    for name, share in _named_shares(rep):
+        yield ["named", "", "", name, share["named"], share["total"], _ratio(share)]
     for u in rep["unknown"]:
         yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
 

@@ -112,6 +112,20 @@ class Finding(TypedDict):
     action: str
 
 
+class Share(TypedDict):
+    named: float
+    total: float
+
+
+class Named(TypedDict):
+    """How much has a conversation: completed requests, their prefill seconds, and the seconds
+    of other requests' decoding their prefills overlapped (None: an events file alone)."""
+
+    requests: Share
+    prefill_seconds: Share
+    cost_to_others_seconds: Share | None
+
+
 class Report(TypedDict):
     sources: dict[str, Any]  # what was read: files, lines, runs (analyze.Analysis.sources)
     findings: list[Finding]
@@ -129,3 +143,4 @@ class Report(TypedDict):
     small_task_takeover_details: dict[str, Percentiles]  # prompt_tokens, slot_tokens_before, interval_seconds
     lora_mismatch_reuse: dict[str, int]
     top_conversations: TopConversations
+    named: Named
