@@ -25,3 +25,4 @@ echo "== headroom against the fastest llama-server here"; .venv/bin/python bench
 echo "== analyze's memory over ten million lines and over a rotated set"; .venv/bin/python benchmarks/analyze_memory.py
 echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throughput.py
 echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py
+echo "== what the conversation join names on every recorded run"; .venv/bin/python benchmarks/join_coverage.py

@@ -460,3 +460,23 @@ def test_assignable_keeps_exactly_the_arrivals_some_assignment_gives() -> None:
             assert got is None, cands
         else:
             assert got is not None and {t: set(c) for t, c in got.items()} == want, cands
+
+
+def test_a_later_round_names_the_turns_before_it_as_late_proofs() -> None:
+    """Pile-ups: each round's turns arrive within each other's tokenizing, and the join, when the
+    server idles between rounds, cannot tell them apart. The next round's prompts hold their
+    exchanges: the records went out "uncertain", and proofs name them afterwards, as the
+    conversation series, the events file and analyze apply them; none named wrong."""
+    ps = Pseudonymizer(SALT)
+    lines = log_lines("b11434-lv4-np4-pileups.log")
+    as_out = {(r.epoch, r.task): r for r in replay(lines, ps, proven=False)}
+    proven = {(r.epoch, r.task): r for r in replay(lines, ps, proven=True)}
+    later = [k for k, r in as_out.items() if r.conversation_source == "uncertain" and proven[k].conversation]
+    print(f"{len(later)} records went out uncertain and were proven later")
+    assert len(later) >= 5
+    truth_of = {}
+    for t in truths("b11434-lv4-np4-pileups.truth.jsonl"):
+        r = by_timings(list(proven.values()), t)
+        truth_of[(r.epoch, r.task)] = ps("id:" + t["conv"])
+    assert all(proven[k].conversation == truth_of[k] for k in later if k in truth_of)
+    assert sum(k in truth_of for k in later) >= 5

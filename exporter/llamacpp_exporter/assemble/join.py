@@ -133,7 +133,9 @@ from typing import Any, Final
 HEADER: Final = "header"  # the request carried this conversation id
 NONE: Final = "none"  # the request carried no id (cache lineage decides)
 UNCERTAIN: Final = "uncertain"  # the log cannot prove which request this task was
-PARKED: Final = ("", "parked")  # not provable in its window; a later turn may still name it
+# not provable in its window; a later turn may still name it (compared with ==: compiled, a tuple
+# is no object of its own)
+PARKED: Final = ("parked", "")
 
 # Between its arrival line and its id a request only tokenizes its prompt (rule 2): milliseconds
 # in every recorded run, tens of them on a starved machine. Past this bound the join takes it
@@ -149,9 +151,10 @@ OPEN_FOR_US: Final = 300_000_000
 STALE_ARRIVAL_US: Final = 10_000_000  # idle this long with nothing deferred: an arrival without a task never gets one
 MAX_ARRIVALS: Final = 1024  # history bound; past it the join drops its history and realigns when idle
 MAX_RESULTS: Final = 8192
-# Past this many (task, arrival) pairs in a window, each task is judged by its own candidates only
-# (bounds the work per line on a server whose join stays in doubt for long)
-MAX_MATCH_EDGES: Final = 20_000
+# Past this many tasks or (task, arrival) pairs in a window, each task is judged by its own
+# candidates only (bounds the work per line on a server whose join stays in doubt for long)
+MAX_MATCH_EDGES: Final = 4_000
+MAX_MATCH_TASKS: Final = 128
 MAX_PASSES: Final = 16  # looks at the open tasks per line, while a chain narrows another's candidates
 # A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
 # came within this of each other: the midpoint is then at most half of it off.
@@ -238,6 +241,8 @@ class DeferredQueue:
         self.lo = self.hi = 0  # tasks in it, when only bounds are kept
         self.retries_lo = self.retries_hi = 0  # of them sent back by a release
         self.known_lo = 0  # tried and not launched (waiting, or cancelled while waiting), at least
+        self.fresh: _Deferred | None = None  # the last attempt's new task, in every world (see attempt)
+        self.retry: bool | None = None  # the last attempt: a retry in every world, in none, or not known
 
     @property
     def exact(self) -> bool:
@@ -329,8 +334,7 @@ class DeferredQueue:
         be the retry of a request that arrived before ``min_owner`` (the first position its rank
         allows), or would contradict the ids of the tasks its cancel lines removed.
         ``self.fresh``: the new task, when it is one in every way the queue can be."""
-        self.fresh: _Deferred | None = None
-        self.retry: bool | None = None  # a retry in every world (True), in none (False), or not known
+        self.fresh, self.retry = None, None
         fresh = _Deferred(last_owner, pinned, burst)
         if self.worlds is None:
             return self._attempt_bounds(launched is not None, last_owner, burst)
@@ -966,7 +970,7 @@ class HeaderJoin:
             tuple(suffix_min[:1]),
             final or any(self._now_us - self._launched_us.get(t, 0) > OPEN_FOR_US for t in self._unresolved),
         )
-        progress = state != self._looked_at
+        progress = changed = state != self._looked_at
         self._looked_at = state
         passes = 0
         while progress and self._unresolved:  # a task settled may settle another (claims, chains)
@@ -994,7 +998,7 @@ class HeaderJoin:
                 if res is not None:
                     self._settle(task, res)
                     progress = True
-        if self._closed:
+        if self._closed and changed:
             self._name_closed()
         self._maybe_rebase()
         self._prune(suffix_min)
@@ -1002,7 +1006,7 @@ class HeaderJoin:
     def _settle(self, task: int, res: tuple[str, str]) -> None:
         self._launched_us.pop(task, None)
         self._unresolved.discard(task)
-        if res is PARKED:
+        if res == PARKED:
             self._parked.add(task)
         else:
             self._store(task, res)
@@ -1113,7 +1117,7 @@ class HeaderJoin:
         can be while every task of the window (settled ones too) has an arrival of its own
         (every arrival in a task's candidates stays there in some assignment of all tasks)."""
         every = {**self._cands, **cands}
-        if sum(len(c) for c in every.values()) > MAX_MATCH_EDGES:
+        if len(every) > MAX_MATCH_TASKS or sum(len(c) for c in every.values()) > MAX_MATCH_EDGES:
             return cands  # past this, each task's own candidates only (fewer names, never wrong)
         usable = assignable(every)
         if usable is None:  # no assignment: a task the join cannot see; nothing more is provable
