@@ -56,7 +56,9 @@ def test_a_saturated_server_holds_the_latency_alerts_and_a_healthy_one_does_not(
         tokens = _tokens_for(slow.url, 2.5)
         beside: list[Any] = []
         quick_clients = threading.Thread(
-            target=lambda: beside.extend(saturating_workload(healthy.url, requests=12, tokens=8, apart=1.0))
+            # 2 s apart: on a loaded machine a short request takes over a second here, and two at
+            # once on the healthy server's two slots would queue a third (the precondition below)
+            target=lambda: beside.extend(saturating_workload(healthy.url, requests=12, tokens=8, apart=2.0))
         )
         quick_clients.start()
         answered = saturating_workload(slow.url, requests=12, tokens=tokens)
