@@ -148,6 +148,7 @@ def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment() -> None:
 
     lines = [
         "0.00.000.100 I srv  llama_server: initializing ...",
+        "0.00.920.046 I srv    load_model: initializing, n_slots = 1, n_ctx_slot = 8192, kv_unified = 'false'",
         "0.01.000.000 I srv  server_strea: conv_id=first (empty=0)",
         *task("01", 0, 100),
         "0.02.000.000 I srv  server_strea: conv_id=rejected (empty=0)",

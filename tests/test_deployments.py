@@ -157,11 +157,18 @@ def _chat_turns(url: str, model: str | None, conv: str, turns: int, out: list[An
                 )  # fmt: skip
 
 
+SALT = "a-test-salt-of-enough-length"
+
+
 def _following(srv: LlamaServer, tmp_path: Path) -> ExporterProcess:
-    """The exporter on a server's log from its start, writing its events file, polling fast."""
+    """The exporter on a server's log from its start, writing its events file, polling fast,
+    with a known salt (``Pseudonymizer(SALT)`` gives its conversation pseudonyms)."""
+    salt = tmp_path / "salt"
+    salt.write_text(SALT + "\n")
     return ExporterProcess(
         ["--llama.url", srv.url, "--llama.log-path", str(srv.log_path), "--llama.log-from-start"]
-        + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"],
+        + ["--events.path", str(tmp_path / "events.jsonl"), "--llama.poll-interval", "0.5"]
+        + ["--conversations.salt-file", str(salt)],
         tmp_path / "exporter",
     ).start()
 
@@ -305,7 +312,11 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts: tuple[Path, Path, 
                              "predicted_n": tm["predicted_n"], "choices": 1}
                         )  # fmt: skip
 
-        threads = [threading.Thread(target=_chat_turns, args=(srv.url, None, c, 4, rows, lock)) for c in ("ca", "cb")]
+        # ids of different lengths: each turn's numbers are its own (the same numbers for two
+        # conversations' turns would leave open which record answered which)
+        threads = [
+            threading.Thread(target=_chat_turns, args=(srv.url, None, c, 4, rows, lock)) for c in ("ca", "cb-cb-cb")
+        ]
         threads += [threading.Thread(target=f) for f in (embed, n_choices, multi_prompt)]
         for t in threads:
             t.start()
@@ -319,6 +330,8 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts: tuple[Path, Path, 
             exp.stop()
         srv.stop()
     completions = [r for r in recs if r["kind"] == "completion"]
+    numbers = [(t["prompt_n"], t["cache_n"], t["predicted_n"]) for t in rows if t["conv"]]
+    assert len(set(numbers)) == len(numbers), "two turns with the same numbers: the check below could pair them wrong"
     pairs = _matched(rows, completions, _same_numbers)
     assert len(completions) == len(rows)
     assert all(r["choices"] == t["choices"] and not r["cancelled"] for t, r in pairs)
@@ -326,12 +339,10 @@ def test_real_server_mixing_chat_embeddings_and_n_gt_1(parts: tuple[Path, Path, 
     assert len(emb) == inputs[0] and sum(r["prompt_tokens"] for r in emb) == inputs[1]
     assert sum(samples(text, "llamacpp_requests_cancelled_total").values()) == 0
     assert samples(text, "llamacpp_embedding_tasks_total")[()] == inputs[0]
-    # conversations named are right: one conversation per client id, never shared
-    named: dict[str, set[str]] = {}
-    for row, r in pairs:
-        if r["conversation_source"] == "header":
-            named.setdefault(r["conversation"], set()).add(row["conv"])
-    assert all(len(v) == 1 for v in named.values()), named
+    # conversations named are right: each named turn carries its own client's id
+    ps = Pseudonymizer(SALT)
+    named = [(row["conv"], r["conversation"]) for row, r in pairs if r["conversation_source"] == "header"]
+    assert all(conv is not None and pseudonym == ps("id:" + conv) for conv, pseudonym in named), named
     print(
         f"mixed: {len(pairs)} completions and {len(emb)} embedding tasks matched; "
         f"{sum(r['conversation_source'] == 'header' for _, r in pairs)} of 8 chats named, 0 wrong"

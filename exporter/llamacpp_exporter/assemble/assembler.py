@@ -348,7 +348,7 @@ class Assembler:
         # whose state the prompt was compared with: the restored entry's task, else the slot's
         d.state_source_task = (d.entry_source[1] if d.entry_source else None) if d.ram_restored else s.last_task
         if kind != "completion":
-            self.attribution.foreign_launched()
+            self.attribution.foreign_launched(ev.task)
         elif not ev.is_child:
             self.attribution.launched(
                 ev.task, lineage_parent(sel, self.epoch, s.last_task), held_states(sel, self.epoch, s.last_task)

@@ -187,9 +187,9 @@ class Attribution:
         if len(self._lineage_parent) > MAX_TASKS:
             self._lineage_parent.popitem(last=False)
 
-    def foreign_launched(self) -> None:
+    def foreign_launched(self, task: int) -> None:
         """An embedding or rerank task launched: no arrival of the join is its request."""
-        self.join.foreign_launch(self.now())
+        self.join.foreign_launch(task, self.now())
 
     def _count_dropped(self) -> None:
         while self._dropped_seen < self.join.dropped_arrivals:

