@@ -1068,9 +1068,7 @@ class HeaderJoin:
         free = [
             a
             for a in arrivals
-            if after <= a.at_us <= launched
-            and a.alone_task in (None, task)
-            and (named is None or named(a.name))
+            if after <= a.at_us <= launched and a.alone_task in (None, task) and (named is None or named(a.name))
         ]
         if len(free) == 1 and free[0].lines_before == self._lines:
             a = free[0]
