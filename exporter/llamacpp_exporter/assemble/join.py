@@ -101,14 +101,17 @@ What the join proves, and how (every step is a consequence of the rules above):
 
 One task per request: ranks, counts, try bursts and all-different filtering rest on it, and a
 /completion request with several prompts makes one task each (server-context.cpp:4663, ids
-taken one after another, no line between them). A chat request has one prompt and logs one
-``chat format`` line: while every arrival of the window has logged one (``one_task_each``) the
-rules above hold. Otherwise (a /completion request in the window; every request on b11549,
-which logs no such line) the window is judged by arrival times only (``_by_time``): a task's
-request arrived in the window, before the task launched and after the answer its prompt holds
-existed, and carries a name its chain allows. Such a window starts afresh only at ``all slots
-are idle`` once every arrival is ID_DELAY_US old (taken to have posted its tasks), never by
-counting tasks.
+taken one after another, no line between them, all posted at once). A request is proven one
+task when it logged its ``chat format`` line (a chat request has one prompt), or when the main
+loop tried its task alone: its tasks were posted at once and tried in one burst, and arrival
+times leave that task no other request (``_one_task_if_alone``). While every arrival of the
+window is proven so (``one_task_each``) the rules above hold. Otherwise (a /completion request
+in the window; on b11549, which logs no such line, any request) the window is judged by
+arrival times only (``_by_time``): a task's request arrived in the window, before the task
+launched and after the answer its prompt holds existed, and carries a name its chain allows;
+the one arrival left to a task is its request, settled. Such a window starts afresh only at
+``all slots are idle`` once every arrival is settled (by its line, its task's launch, or
+ID_DELAY_US) and had time to post its tasks, never by counting tasks.
 
 Two rules rest on time, both far from what was measured: an arrival is taken to have its id
 ID_DELAY_US after it arrived (tokenizing took 5-47 ms in every recorded run, on a starved
