@@ -230,19 +230,22 @@ def test_a_slot_search_that_defers_settles_the_request() -> None:
     assert [r.res(t) for t in (0, 1, 5, 9)] == [(HEADER, "L0"), (HEADER, "L1"), (HEADER, "A"), (HEADER, "B")]
 
 
-def test_a_request_that_may_have_several_prompts_leaves_its_window_to_arrival_times() -> None:
-    # INVENTED: the same with A a /completion request (no "chat format" line): it may have several
-    # prompts, one task each. The join started afresh once L1 launched (every arrival one task,
-    # launched): A is the only arrival before task 5, which is A's; task 9 may be another of A's
-    # or B's, and stays uncertain
+def test_a_request_with_several_prompts_leaves_its_window_to_arrival_times() -> None:
+    # INVENTED: A, a /completion request (no "chat format" line) with two prompts: one pass of the
+    # main loop tries (and defers) both its tasks. The join started afresh once L1 launched: A is
+    # the only arrival before tasks 5 and 6, both A's. Task 9 may be a third of A's, or B's: it
+    # stays uncertain (taking each request for one task, ranks would put it past every arrival)
     r = Run()
     r.arrive("L0").chat_format().launch(0, 0).arrive("L1").chat_format().launch(1, 1)
-    r.at(100).arrive("A").defer()
-    r.at(200).release(0).launch(5, 0)
-    r.at(300).arrive("B").chat_format().defer().at(400).release(1).launch(9, 1)
+    r.at(100).arrive("A").defer().defer()
+    r.j.batch_line()
+    r.at(200).release(0).launch(5, 0).at(250).release(1).launch(6, 1)
+    r.at(300).arrive("B").chat_format().defer()
+    r.j.batch_line()
+    r.at(400).release(0).launch(9, 0)
     assert not r.j.one_task_each
     r.at(6000).release(0).release(1).idle()
-    assert (r.res(5), r.res(9)) == ((HEADER, "A"), (UNCERTAIN, ""))
+    assert [r.res(t) for t in (5, 6, 9)] == [(HEADER, "A"), (HEADER, "A"), (UNCERTAIN, "")]
 
 
 def test_a_request_alone_in_its_try_burst_had_one_task() -> None:
@@ -257,6 +260,20 @@ def test_a_request_alone_in_its_try_burst_had_one_task() -> None:
     r.at(100).arrive("A").chat_format().arrive("B").chat_format().launch(4, 1).defer()
     r.at(200).release(1).launch(3, 1)
     assert (r.res(3), r.res(4)) == ((HEADER, "A"), (HEADER, "B"))
+
+
+def test_a_request_deferred_alone_had_one_task() -> None:
+    # INVENTED: a /completion request arrives while both slots are busy; the main loop's pass
+    # tries its task alone and defers it. When that task launches (the release sends it back),
+    # the request is known to have had no other (its tasks were posted, and tried, at once)
+    r = Run()
+    r.arrive("L0").chat_format().launch(0, 0).arrive("L1").chat_format().launch(1, 1)
+    r.j.batch_line()
+    r.at(100).arrive("").defer()
+    r.j.batch_line()
+    assert not r.j.one_task_each
+    r.at(200).release(0).launch(5, 0)
+    assert r.j.one_task_each and r.res(5) == (NONE, "")
 
 
 def test_deferred_tasks_launching_after_larger_ids_keep_their_rank() -> None:

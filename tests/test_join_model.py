@@ -421,7 +421,7 @@ def run_seeds(n_slots: int, mix: Mix, seeds: int | None = None) -> Tally:
 # a change that lowers one changes what the join can prove, to be looked at, not a flake).
 
 
-@pytest.mark.parametrize("n_slots,floor", [(1, 0.022), (2, 0.025), (4, 0.026)])
+@pytest.mark.parametrize("n_slots,floor", [(1, 0.03), (2, 0.035), (4, 0.04)])
 def test_the_join_never_names_the_wrong_request(n_slots: int, floor: float) -> None:
     """Everything at once: /completion requests (no line after their id: each may have several
     prompts, so their windows are judged by arrival times only), pinned requests, clients
@@ -468,7 +468,7 @@ def test_a_multi_user_chat_server_is_named(n_slots: int, floor: float) -> None:
     assert t.coverage(True) >= floor
 
 
-@pytest.mark.parametrize("n_slots,floor", [(1, 0.23), (2, 0.31), (4, 0.34)])
+@pytest.mark.parametrize("n_slots,floor", [(1, 0.24), (2, 0.32), (4, 0.36)])
 def test_completion_clients_leave_doubt(n_slots: int, floor: float) -> None:
     """The same with a fifth of the traffic on /completion: such a request logs nothing after
     its id, and may have several prompts (one task each), so a window with one in it is judged
@@ -511,7 +511,7 @@ def test_conversations_that_branch_pair_or_answer_at_once_are_never_named_wrong(
 # later turns of conversations whose earlier turn was named, and requests alone in their time.
 @pytest.mark.parametrize(
     "mix,n_slots,floor",
-    [(CHAT, 2, 0.005), (CHAT_CANCELS, 2, 0.005), (MIXED, 1, 0.22), (MIXED, 2, 0.27), (MIXED, 4, 0.32)],
+    [(CHAT, 2, 0.015), (CHAT_CANCELS, 2, 0.017), (MIXED, 1, 0.25), (MIXED, 2, 0.32), (MIXED, 4, 0.37)],
     ids=["chat-2", "chat-cancels-2", "mixed-1", "mixed-2", "mixed-4"],
 )
 def test_without_chat_format_lines_as_b11549_logs_never_wrong_and_named_above_the_floor(

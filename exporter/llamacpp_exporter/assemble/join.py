@@ -524,6 +524,9 @@ class HeaderJoin:
         self._closed: OrderedDict[int, _Window] = OrderedDict()  # parked task -> its closed window
         self._first_seen: OrderedDict[str, int] = OrderedDict()  # conversation -> its first arrival (log time)
         self._queue_us: OrderedDict[int, int] = OrderedDict()  # task -> arrival to launch, where known
+        # try bursts that tried one task: when, and after how many chat lines of its window
+        self._lone_tries: OrderedDict[int, tuple[int, int]] = OrderedDict()
+        self._burst_try: tuple[int, int] | None = None
         # kept when the join starts afresh: an arrival before that may still be taking its id
         self._last_arrival_us = 0
         self._last_activity_us = 0
@@ -746,9 +749,13 @@ class HeaderJoin:
         another in its cluster), and none of them failed or was cancelled before its try."""
         self._in_burst = False
         tries, self._burst_tries = self._burst_tries, []
-        # every deferral seen (n_slots busy-slot lines): a burst that tried one task, a new one
-        if self.n_slots is not None and len(tries) == 1 and tries[0] is not None and self.aligned:
-            self._one_task_if_alone(tries[0][1])
+        # every deferral seen (n_slots busy-slot lines): a burst that tried one task
+        if self.n_slots is not None and len(tries) == 1 and self._burst_try is not None:
+            self._lone_tries[self._burst] = self._burst_try
+            if len(self._lone_tries) > MAX_WINDOWS * 8:
+                self._lone_tries.popitem(last=False)
+            if tries[0] is not None and self.aligned:  # a new task, launched
+                self._one_task_if_alone(tries[0][1])
         if not tries or self._tried is None:
             return
         if not self.one_task_each:  # a request with several tasks makes several tries
@@ -918,6 +925,8 @@ class HeaderJoin:
                     min_owner -= 1
         dq = self._deferred
         options = dq.attempt(task, len(self._arrivals) - 1, pinned, self._burst, min_owner)
+        if not self._burst_tries:  # the burst's first try: when, and after how many chat lines
+            self._burst_try = (self._now_us, self._lines)
         if dq.retry is False and task is not None:
             self._burst_tries.append((len(self._arrivals), task))
         elif dq.retry is None or task is None:
@@ -933,6 +942,8 @@ class HeaderJoin:
             self._first_try[task] = options
             self._launched_us[task] = self._now_us
             self._unresolved.add(task)
+            if self.aligned and dq.retry and len({fb for _, _, fb in options} & self._lone_tries.keys()) == 1:
+                self._one_task_if_alone(task)  # a retry of a burst's only try (a deferral)
         if self.aligned:
             self._resolve_all()
 
@@ -1057,27 +1068,33 @@ class HeaderJoin:
                 self._params_lines = max(0, self._params_lines - 1)
 
     def _one_task_if_alone(self, task: int) -> None:
-        """The only task a try burst tried, first tried there: its request's tasks were all posted
-        at once (server-queue.cpp post) and tried in that burst, so it had one. When arrival
-        times leave one arrival it can be, and no chat format line came since that arrival (it
-        is no chat request, and its id was taken before the launch), that arrival is one task."""
-        if self.one_task_each or task not in self._unresolved and task not in self._results:
+        """The only task a try burst tried, first tried there (launched, or deferred and launched
+        later as its retry in every way the queue can be): its request's tasks were all posted at
+        once (server-queue.cpp post) and tried in that burst, so it had one. When arrival times
+        leave one arrival it can be, and no chat format line came between that arrival and the
+        try (it is no chat request, and its id was taken before the try), that arrival is one
+        task."""
+        if self.one_task_each or task not in self._first_try:
             return
+        bursts = {fb for _, _, fb in self._first_try.get(task, ())}
+        lone = self._lone_tries.get(bursts.pop()) if len(bursts) == 1 else None
+        if lone is None:
+            return
+        tried_us, lines = lone
         arrivals = self._arrivals
         holds = self._holds.get(task)
-        launched = self._launched_us.get(task, self._now_us)
         named = self._conversation_of(task, holds)
         after = holds.after_us if holds is not None else -1
         free = [
             a
             for a in arrivals
-            if after <= a.at_us <= launched and a.alone_task in (None, task) and (named is None or named(a.name))
+            if after <= a.at_us <= tried_us and a.alone_task in (None, task) and (named is None or named(a.name))
         ]
-        if len(free) == 1 and free[0].lines_before == self._lines:
+        if len(free) == 1 and free[0].lines_before == lines and free[0].alone_task is None:
             a = free[0]
             a.alone_task = task
             self._not_one_task -= 1
-            self._settled_by(arrivals.index(a), launched)
+            self._settled_by(arrivals.index(a), tried_us)
             self._resolve_all()  # every arrival may be one task now: every rule holds again
 
     def _settle(self, task: int, res: tuple[str, str]) -> None:
