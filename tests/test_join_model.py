@@ -137,6 +137,7 @@ def simulate(
     queue: list[Any] = []  # tasks posted, in order (front first): Req or "metrics"
     busy_before = [False]
     deferred: list[Req] = []
+    cancels: list[Req] = []  # running tasks whose clients gave up: their cancel tasks, queued in front
     slots: list[Req | None] = [None] * n_slots
     truth: dict[int, str] = {}
     names = ["", "a", "b", "c", "d"]
@@ -314,6 +315,10 @@ def simulate(
                 (queue if r in queue else deferred).remove(r)
                 j.cancelled(r.task)
                 next_id[0] += 1  # the cancel task's own id
+            elif r in slots:  # running: its cancel task goes to the front of the queue, and the
+                # main loop releases the slot when it takes it, perhaps amid a try burst
+                cancels.append(r)
+                next_id[0] += 1
             answered(r, now)
         elif ev.kind == "metrics":
             task = next_id[0]
@@ -324,8 +329,19 @@ def simulate(
             else:
                 queue.append("metrics")  # the main loop wakes for it
         elif ev.kind == "main":
-            woke = bool(queue) or busy_before[0]
-            while queue:
+            woke = bool(queue) or bool(cancels) or busy_before[0]
+            while queue or cancels:
+                if cancels and (not queue or rng.random() < 0.5):  # posted while the loop ran
+                    stopped = cancels.pop(0)
+                    if stopped in slots:
+                        s = slots.index(stopped)
+                        slots[s] = None
+                        stopped.done = True
+                        j.released(s, now)  # logged by the main loop, between two tries
+                        if deferred:
+                            k = next((i for i, d in enumerate(deferred) if d.pinned == s), 0)
+                            queue.insert(0, deferred.pop(k))
+                    continue
                 item = queue.pop(0)
                 if item != "metrics":
                     attempt(item)
@@ -348,6 +364,7 @@ def simulate(
                         slots[s] = None
                         r.done = True
                         r.answered_us = now
+                        j.batch_line()  # its timings (update_slots)
                         j.released(s, now)
                         if deferred:  # one deferred task back to the front of the queue
                             k = next((i for i, d in enumerate(deferred) if d.pinned == s), 0)

@@ -68,7 +68,8 @@ What the join proves, and how (every step is a consequence of the rules above):
 - A *try burst* is the run of slot-search and launch lines (process_single_task) between lines
   of update_slots. The loop takes tasks from its queue until it is empty, so a request posted
   before a burst began was tried in it at the latest: a task first tried in a later burst is
-  not that request's.
+  not that request's. A release does not end a burst: the loop releases a slot amid one when it
+  takes the cancel task (queued in front, server-queue.cpp:617) of a running request.
 - A cancel line that may have taken a deferred task out leaves several ways the deferred
   queue can be: each is followed (a *world*) and dropped when a line contradicts it (a task
   tried pinned while its front task was not, a launched retry whose request arrived too early
@@ -109,7 +110,9 @@ window is proven so (``one_task_each``) the rules above hold. Otherwise (a /comp
 in the window; on b11549, which logs no such line, any request) the window is judged by
 arrival times only (``_by_time``): a task's request arrived in the window, before the task
 launched and after the answer its prompt holds existed, and carries a name its chain allows;
-the one arrival left to a task is its request, settled. Such a window starts afresh only at
+the one arrival left to a task is its request, settled, and no request of a task first tried
+in another try burst (a request's tasks were posted at once, so first tried in one burst).
+Such a window starts afresh only at
 ``all slots are idle`` once every arrival is settled (by its line, its task's launch, or
 ID_DELAY_US) and had time to post its tasks, never by counting tasks.
 
@@ -566,6 +569,8 @@ class HeaderJoin:
         self._open_cands: dict[int, tuple[int, ...]] = {}  # open task -> its candidates at the last look
         self._looked_at: tuple[Any, ...] = ()
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
+        # by arrival times (_by_time): arrival position -> a task proven to be of its request
+        self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
         self._tried: int | None = 0  # the arrivals before this position are the requests tried so far
         # new tasks tried in this burst, in order, with the arrivals there were when each was tried
@@ -884,8 +889,8 @@ class HeaderJoin:
     def released(self, slot: int, now_us: int) -> None:
         """A slot stopped: llama-server sends one deferred task back to the front."""
         self._last_activity_us = self._now_us = now_us
-        if self._in_burst:  # a release is part of the batch
-            self._end_burst()
+        # no end of a try burst: the main loop releases a slot amid one when it takes a cancel
+        # task (queued in front) for a running task, and tries the rest of its queue after it
         self._busy_next, self._pinned = 0, None
         self._settle_old(now_us)
         self._deferred.released(slot)
@@ -966,6 +971,7 @@ class HeaderJoin:
             len(ids),
             len(self._arrivals),
             len(self._claimed),
+            len(self._owned),
             self.version,
             self._untried_from,
             len(self._open),
@@ -1020,8 +1026,9 @@ class HeaderJoin:
         """Where a request may have made several tasks, what arrival times alone prove: a task's
         request arrived in this window (every request of an earlier window had its tasks posted,
         and launched, before this one began: all_slots_idle), before the task launched, after
-        the answer its prompt holds existed, and carries a name its chain allows. One name among
-        those arrivals names it; no rank, count or claim is used."""
+        the answer its prompt holds existed, carries a name its chain allows, and is no arrival
+        proven to be the request of a task first tried in another try burst. One name among those
+        arrivals names it; no rank or count is used."""
         arrivals = self._arrivals
         times = [a.at_us for a in arrivals]
         progress, passes = True, 0
@@ -1042,11 +1049,16 @@ class HeaderJoin:
                 free = tuple(
                     k
                     for k in range(lo, hi)
-                    if arrivals[k].alone_task in (None, task) and (named is None or named(arrivals[k].name))
+                    if arrivals[k].alone_task in (None, task)
+                    and self._may_share(k, task)
+                    and (named is None or named(arrivals[k].name))
                 )
                 names = {arrivals[k].name for k in free}
                 if len(free) == 1:  # its request: every id of it was taken before this launch
                     self._settled_by(free[0], launched)
+                    if free[0] not in self._owned:
+                        self._owned[free[0]] = task
+                        progress = True
                 if len(names) == 1:
                     self._pin_queue(task, list(free))
                     name = names.pop()
@@ -1057,6 +1069,22 @@ class HeaderJoin:
                 elif self._open_cands.get(task) != free:
                     self._open_cands[task] = free
                     progress = True
+
+    def _first_bursts(self, task: int) -> set[int] | None:
+        """The try bursts the task was first tried in, one per way the deferred queue can be
+        (None: not known in some)."""
+        bursts = {fb for _, _, fb in self._first_try.get(task, ((0, 0, 0),))}
+        return None if 0 in bursts else bursts
+
+    def _may_share(self, k: int, task: int) -> bool:
+        """Whether arrival k can be the task's request, given the task proven to be of it: a
+        request's tasks are posted at once and first tried in one try burst, so a task first
+        tried in another burst is another request's."""
+        owner = self._owned.get(k)
+        if owner is None or owner == task:
+            return True
+        mine, theirs = self._first_bursts(task), self._first_bursts(owner)
+        return mine is None or theirs is None or bool(mine & theirs)
 
     def _settled_by(self, k: int, at_us: int) -> None:
         """Arrival k is the request of a task launched at ``at_us``: its ids were taken by then."""
@@ -1298,6 +1326,7 @@ class HeaderJoin:
         self._ambiguous = [a for a in self._ambiguous if a > top]
         self._open = [i - k for i in self._open]
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
+        self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
         self._cands = {t: c for t, c in self._cands.items() if c}
