@@ -99,6 +99,14 @@ What the join proves, and how (every step is a consequence of the rules above):
   (all-different filtering, ``assignable``). A task proven to be one arrival takes that arrival
   out of every other task's candidates, and requests of other clusters keep arrival order
   against it.
+- When the join starts afresh, the tasks it left ambiguous are judged with all the window's
+  tasks at once (join_solver): every assignment of tasks to arrivals the rules above allow
+  (each request one task, or, where requests may have several, only tasks first tried in one
+  burst sharing one; a prompt that holds an exchange carries its owner's name, none, or a name
+  first seen after) is searched, within a bound, and a task every assignment gives one name is
+  named. A name possible for each task alone can be possible for no assignment of them all
+  (a chain's members each have candidates; one name is common to all). A later turn that
+  narrows a closed window's task is judged so too.
 
 One task per request: ranks, counts, try bursts and all-different filtering rest on it, and a
 /completion request with several prompts makes one task each (server-context.cpp:4663, ids
@@ -145,6 +153,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
+
+from .join_solver import Link, names_by_assignment
 
 HEADER: Final = "header"  # the request carried this conversation id
 NONE: Final = "none"  # the request carried no id (cache lineage decides)
@@ -495,6 +505,12 @@ def _components(cands: dict[int, tuple[int, ...]], held: dict[int, int]) -> dict
     return comp
 
 
+def _may_be_one_request(a: set[int] | None, b: set[int] | None) -> bool:
+    """Whether two tasks, first tried in these try bursts (None: not known), can be one
+    request's: its tasks were posted at once, so first tried in one burst."""
+    return a is None or b is None or bool(a & b)
+
+
 @dataclass(slots=True)
 class _Window:
     """A window the join closed (it started afresh) while some of its tasks were still
@@ -504,6 +520,9 @@ class _Window:
     names: list[str]
     cands: dict[int, tuple[int, ...]]
     closed_us: int
+    # each request one task (None), or each task's first try bursts (None: not known)
+    bursts: dict[int, set[int] | None] | None
+    links: list[Link]
 
 
 MAX_WINDOWS: Final = 32  # closed windows whose ambiguous tasks a later turn may still name
@@ -619,7 +638,13 @@ class HeaderJoin:
     def _close_window(self) -> None:
         """The join starts afresh: the tasks still ambiguous keep their window, to be named by a
         later turn that holds one's exchange (``_name_closed``), for OPEN_FOR_US at most."""
-        window = _Window([a.name for a in self._arrivals], dict(self._cands), self._now_us)
+        self._solve_parked()
+        if not self._parked:
+            return
+        tasks = self._cands
+        bursts = None if self.one_task_each else {t: self._first_bursts(t) for t in tasks}
+        links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in tasks]
+        window = _Window([a.name for a in self._arrivals], dict(tasks), self._now_us, bursts, links)
         for task in self._parked:
             self._closed[task] = window
         self._parked = set()
@@ -647,12 +672,13 @@ class HeaderJoin:
                 window.cands[owner] = free
                 touched.append(window)
         for window in {id(w): w for w in touched}.values():
-            usable = assignable(window.cands)
-            if usable is None:
-                continue  # no assignment: the rule did not hold here; name nothing by it
-            window.cands.update(usable)
-            for task, free in usable.items():
-                names = {window.names[k] for k in free}
+            bursts = window.bursts
+            share = None if bursts is None else (lambda a, b, w=bursts: _may_be_one_request(w.get(a), w.get(b)))
+            asked = {t for t, w in self._closed.items() if w is window}
+            named = self._jointly(window.cands, window.names, share, window.links, asked)
+            if named is None:
+                continue  # no assignment: a rule did not hold here; name nothing by it
+            for task, names in named.items():
                 if len(names) == 1 and self._closed.get(task) is window:
                     del self._closed[task]
                     name = names.pop()
@@ -1061,14 +1087,61 @@ class HeaderJoin:
                         progress = True
                 if len(names) == 1:
                     self._pin_queue(task, list(free))
+                    self._keep_candidates(task, free)
                     name = names.pop()
                     self._settle(task, (HEADER, name) if name else (NONE, ""))
                     progress = True  # a name may narrow its chain's
-                elif done or not free:  # no arrival at all: a task the join cannot account for
+                elif not free:  # no arrival at all: a task the join cannot account for
                     self._settle(task, (UNCERTAIN, ""))
+                elif done:  # the window's tasks judged jointly may still name it (_solve_parked)
+                    self._keep_candidates(task, free)
+                    self._settle(task, PARKED)
                 elif self._open_cands.get(task) != free:
                     self._open_cands[task] = free
                     progress = True
+
+    def _jointly(
+        self,
+        cands: dict[int, tuple[int, ...]],
+        names: list[str],
+        share: Callable[[int, int], bool] | None,
+        links: list[Link],
+        targets: set[int],
+    ) -> dict[int, set[str]] | None:
+        """The names each task can carry in some assignment of the window's tasks to arrivals
+        (join_solver); None past the bounds, or when no assignment exists."""
+        if len(cands) > MAX_MATCH_TASKS or sum(len(c) for c in cands.values()) > MAX_MATCH_EDGES:
+            return None
+        seen = self._first_seen
+        return names_by_assignment(
+            cands, names, share, links, lambda n, at: not n or seen.get(n, at) >= at, self._names_of, targets
+        )
+
+    def _solve_parked(self) -> None:
+        """The window is closing: its tasks judged jointly may name those it left ambiguous (a
+        name possible for each alone, but for no assignment of them all)."""
+        if not self._parked:
+            return
+        arrivals = self._arrivals
+        cands = {
+            t: tuple(k for k in c if k < len(arrivals) and arrivals[k].alone_task in (None, t))
+            for t, c in self._cands.items()
+        }
+        share = (
+            None
+            if self.one_task_each
+            else (lambda a, b: _may_be_one_request(self._first_bursts(a), self._first_bursts(b)))
+        )
+        links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in cands]
+        named = self._jointly(cands, [a.name for a in arrivals], share, links, self._parked)
+        if named is None:
+            return
+        for task in sorted(self._parked):
+            names = named.get(task)
+            if names is not None and len(names) == 1:
+                self._parked.discard(task)
+                name = names.pop()
+                self._store(task, (HEADER, name) if name else (NONE, ""))
 
     def _first_bursts(self, task: int) -> set[int] | None:
         """The try bursts the task was first tried in, one per way the deferred queue can be
@@ -1083,8 +1156,7 @@ class HeaderJoin:
         owner = self._owned.get(k)
         if owner is None or owner == task:
             return True
-        mine, theirs = self._first_bursts(task), self._first_bursts(owner)
-        return mine is None or theirs is None or bool(mine & theirs)
+        return _may_be_one_request(self._first_bursts(task), self._first_bursts(owner))
 
     def _settled_by(self, k: int, at_us: int) -> None:
         """Arrival k is the request of a task launched at ``at_us``: its ids were taken by then."""

@@ -1,0 +1,233 @@
+"""Which names a window's tasks can carry, jointly: every way of giving each task an arrival
+of its own that the log allows, searched, not judged task by task.
+
+The join (join.py) narrows each task's candidate arrivals one at a time: by time, rank, the
+answers prompts hold and which arrival another task is proven to be. That misses what only
+holds for the whole: a conversation is a chain of requests, each holding the one before's
+exchange, and each request is one arrival. A name can then be possible for every member alone
+and still leave no way to give the others theirs. This module searches the assignments
+(tasks -> arrivals) under the same rules and keeps, per task, the names some assignment gives
+it. A task with one name left is named; nothing is assumed beyond the rules the join proves:
+
+- a task's request is one of its candidate arrivals;
+- two tasks share an arrival only where ``may_share`` allows it (never, when each request is
+  one task; otherwise only tasks first tried in one try burst);
+- a prompt holding an earlier task's exchange (a ``Link``) carries that task's name, or no
+  name, or a name first seen after that exchange existed (a branch or clone of it).
+
+Bounded: the search stops after ``budget`` steps, and then nothing is narrowed by it.
+Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+BUDGET: Final = 100_000  # placements tried per call; past it every name not ruled out stays possible
+PER_NAME: Final = 5_000  # placements tried to rule one name in or out for one task
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """``holder``'s prompt holds the exchange of one of ``owners`` (twins: same prompt), whose
+    answer existed from ``after_us``."""
+
+    holder: int
+    owners: tuple[int, ...]
+    after_us: int
+
+
+class _OutOfBudget(Exception):
+    pass
+
+
+def names_by_assignment(
+    cands: dict[int, tuple[int, ...]],
+    names: Sequence[str],
+    may_share: Callable[[int, int], bool] | None,
+    links: Sequence[Link],
+    new_since: Callable[[str, int], bool],
+    outside: Callable[[int], set[str] | None],
+    targets: set[int],
+    budget: int = BUDGET,
+) -> dict[int, set[str]] | None:
+    """Per task of ``targets``, the names it carries in at least one assignment of every task to
+    an arrival (positions in ``names``); only the tasks linked to a target (by a shared candidate
+    or a link) are searched. ``may_share``: whether two tasks may be one request's (None: never);
+    ``new_since(name, t)``: the name was first seen at or after t (or is empty); ``outside(task)``:
+    the names an owner outside ``cands`` can carry (None: any). None when there is no
+    assignment at all (a rule did not hold: judge nothing by it). A name whose search ran out of
+    budget stays possible."""
+    steps = [0, budget]  # left for this search, left for the call
+    by_holder: dict[int, list[Link]] = {}
+    by_owner: dict[int, list[Link]] = {}
+    for link in links:
+        if link.holder in cands:
+            by_holder.setdefault(link.holder, []).append(link)
+            for o in link.owners:
+                if o in cands:
+                    by_owner.setdefault(o, []).append(link)
+    out: dict[int, set[str]] = {}
+    for component in _components(cands, links):
+        asked = [t for t in component if t in targets]
+        if not asked:
+            continue
+        seen = _solve(component, asked, cands, names, may_share, by_holder, by_owner, new_since, outside, steps)
+        if seen is None:
+            return None
+        out.update(seen)
+    return out
+
+
+def _components(cands: dict[int, tuple[int, ...]], links: Sequence[Link]) -> list[list[int]]:
+    """Tasks that share a candidate arrival or a link, grouped (each group searched alone)."""
+    parent = {t: t for t in cands}
+
+    def find(t: int) -> int:
+        while parent[t] != t:
+            parent[t] = parent[parent[t]]
+            t = parent[t]
+        return t
+
+    def union(a: int, b: int) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    holder_of: dict[int, int] = {}
+    for task, free in cands.items():
+        for k in free:
+            if k in holder_of:
+                union(task, holder_of[k])
+            else:
+                holder_of[k] = task
+    for link in links:
+        if link.holder in cands:
+            for o in link.owners:
+                if o in cands:
+                    union(link.holder, o)
+    groups: dict[int, list[int]] = {}
+    for task in sorted(cands):
+        groups.setdefault(find(task), []).append(task)
+    return list(groups.values())
+
+
+def _solve(
+    tasks: list[int],
+    asked: list[int],
+    cands: dict[int, tuple[int, ...]],
+    names: Sequence[str],
+    may_share: Callable[[int, int], bool] | None,
+    by_holder: dict[int, list[Link]],
+    by_owner: dict[int, list[Link]],
+    new_since: Callable[[str, int], bool],
+    outside: Callable[[int], set[str] | None],
+    steps: list[int],
+) -> dict[int, set[str]] | None:
+    seen: dict[int, set[str]] = {t: set() for t in tasks}
+    assigned: dict[int, int] = {}
+    users: dict[int, list[int]] = {}
+
+    def link_ok(link: Link) -> bool:
+        """False only when every task of the link is placed and the rule fails."""
+        if link.holder not in assigned:
+            return True
+        name = names[assigned[link.holder]]
+        if not name or new_since(name, link.after_us):
+            return True
+        for o in link.owners:
+            if o in cands:
+                if o not in assigned:
+                    return True
+                if names[assigned[o]] == name:
+                    return True
+            else:
+                known = outside(o)
+                if known is None or name in known:
+                    return True
+        return False
+
+    def fits(task: int, k: int) -> bool:
+        steps[0] -= 1
+        if steps[0] < 0:
+            raise _OutOfBudget
+        for other in users.get(k, ()):
+            if may_share is None or not may_share(task, other):
+                return False
+        assigned[task] = k
+        ok = all(link_ok(li) for li in by_holder.get(task, ())) and all(link_ok(li) for li in by_owner.get(task, ()))
+        del assigned[task]
+        return ok
+
+    def search(order: list[int], domains: dict[int, tuple[int, ...]]) -> bool:
+        if len(assigned) == len(order):
+            for t, k in assigned.items():
+                seen[t].add(names[k])
+            return True
+        # the unplaced task with the fewest arrivals left first
+        best, best_free = None, None
+        left: dict[int, list[int]] = {}
+        for t in order:
+            if t in assigned:
+                continue
+            free = [k for k in domains[t] if fits(t, k)]
+            if not free:
+                return False
+            left[t] = free
+            if best_free is None or len(free) < len(best_free):
+                best, best_free = t, free
+        assert best is not None and best_free is not None
+        if may_share is None and not _matching_exists(left):
+            return False  # more tasks than arrivals for them: no way on from here
+        for k in best_free:
+            assigned[best] = k
+            users.setdefault(k, []).append(best)
+            found = search(order, domains)
+            users[k].pop()
+            del assigned[best]
+            if found:
+                return True
+        return False
+
+    unsure: dict[int, set[str]] = {t: set() for t in asked}  # searches that ran out of budget
+    for task in asked:
+        for name in sorted({names[k] for k in cands[task]}):
+            if name in seen[task]:
+                continue
+            if steps[1] <= 0:
+                unsure[task].add(name)
+                continue
+            domains = dict(cands)
+            domains[task] = tuple(k for k in cands[task] if names[k] == name)
+            steps[0] = min(PER_NAME, steps[1])
+            try:
+                search(tasks, domains)
+            except _OutOfBudget:
+                unsure[task].add(name)
+                assigned.clear()
+                users.clear()
+            finally:
+                steps[1] -= min(PER_NAME, steps[1]) - max(steps[0], 0)
+    out = {t: seen[t] | unsure[t] for t in asked}
+    if any(not s for s in out.values()):
+        return None  # no assignment at all: a rule did not hold here
+    return out
+
+
+def _matching_exists(left: dict[int, list[int]]) -> bool:
+    """Whether every task can have an arrival of its own (Kuhn's augmenting paths)."""
+    holder: dict[int, int] = {}
+
+    def place(task: int, visited: set[int]) -> bool:
+        for k in left[task]:
+            if k in visited:
+                continue
+            visited.add(k)
+            if k not in holder or place(holder[k], visited):
+                holder[k] = task
+                return True
+        return False
+
+    return all(place(t, set()) for t in sorted(left, key=lambda t: len(left[t])))

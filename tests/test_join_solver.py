@@ -1,0 +1,85 @@
+"""The joint search over a window's tasks (join_solver): INVENTED candidate sets, each the shape
+of a case the recorded runs show."""
+
+from __future__ import annotations
+
+from llamacpp_exporter.assemble.join_solver import Link, names_by_assignment
+
+FIRST_SEEN = {"a": 0, "b": 0, "c": 0, "new": 500}
+
+
+def new_since(name: str, at: int) -> bool:
+    return not name or FIRST_SEEN.get(name, at) >= at
+
+
+def solve(
+    cands: dict[int, tuple[int, ...]],
+    names: list[str],
+    links: list[Link] = (),  # type: ignore[assignment]
+    share: bool = False,
+    targets: set[int] | None = None,
+    outside: dict[int, set[str]] | None = None,
+    budget: int = 100_000,
+) -> dict[int, set[str]] | None:
+    return names_by_assignment(
+        cands,
+        names,
+        (lambda a, b: True) if share else None,
+        list(links),
+        new_since,
+        lambda t: (outside or {}).get(t),
+        targets if targets is not None else set(cands),
+        budget,
+    )
+
+
+def test_a_chain_takes_the_one_name_every_member_can_carry() -> None:
+    # turn 1 (task 1) can be arrival 0 (a) or 1 (b); turn 2 (task 2) holds turn 1's exchange and
+    # can be arrival 2 (a) or 3 (c): a and b are old names, so turn 2 carries turn 1's name
+    names = ["a", "b", "a", "c"]
+    got = solve({1: (0, 1), 2: (2, 3)}, names, [Link(2, (1,), 100)])
+    assert got == {1: {"a"}, 2: {"a"}}
+
+
+def test_a_branch_under_a_new_id_stays_possible() -> None:
+    # the same, but arrival 3 carries a name first seen after turn 1's answer: a front end may
+    # have branched the conversation under it, so neither task is named
+    names = ["a", "b", "a", "new"]
+    got = solve({1: (0, 1), 2: (2, 3)}, names, [Link(2, (1,), 100)])
+    assert got == {1: {"a", "b"}, 2: {"a", "new"}}
+
+
+def test_each_request_one_task_leaves_the_last_arrival_to_the_third() -> None:
+    # tasks 1 and 2 can each be arrival 0 or 1; task 3 can be any: only arrival 2 is left to it
+    got = solve({1: (0, 1), 2: (0, 1), 3: (0, 1, 2)}, ["a", "b", "c"])
+    assert got is not None and got[3] == {"c"} and got[1] == {"a", "b"}
+
+
+def test_tasks_that_may_be_one_request_share_an_arrival() -> None:
+    # the same when the tasks may be one request's (a /completion with several prompts): no
+    # arrival is left to anyone
+    got = solve({1: (0, 1), 2: (0, 1), 3: (0, 1, 2)}, ["a", "b", "c"], share=True)
+    assert got is not None and got[3] == {"a", "b", "c"}
+
+
+def test_a_name_ruled_out_by_an_owner_outside_the_window() -> None:
+    # task 2 holds task 9's exchange; task 9 (outside the search) can carry only b
+    got = solve({2: (0, 1)}, ["a", "b"], [Link(2, (9,), 100)], outside={9: {"b"}})
+    assert got == {2: {"b"}}
+
+
+def test_no_assignment_at_all_narrows_nothing() -> None:
+    # two tasks, one arrival, each request one task: a rule did not hold here
+    assert solve({1: (0,), 2: (0,)}, ["a"]) is None
+
+
+def test_a_search_out_of_budget_leaves_every_name_possible() -> None:
+    cands = {t: tuple(range(12)) for t in range(12)}
+    names = [f"n{k}" for k in range(12)]
+    got = solve(cands, names, targets={0}, budget=5)
+    assert got is not None and got[0] == set(names)
+
+
+def test_only_the_tasks_asked_about_are_answered() -> None:
+    got = solve({1: (0, 1), 2: (0, 1), 3: (2,)}, ["a", "b", "c"], targets={3})
+    assert got == {3: {"c"}}
