@@ -154,7 +154,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .join_solver import Link, names_by_assignment
+from .join_solver import Link, augment, names_by_assignment
 
 HEADER: Final = "header"  # the request carried this conversation id
 NONE: Final = "none"  # the request carried no id (cache lineage decides)
@@ -403,7 +403,7 @@ def assignable(cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] 
     holder: dict[int, int] = {}  # arrival -> task
     held: dict[int, int] = {}  # task -> arrival
     for task in sorted(cands):
-        if not _augment(task, cands, holder, held):
+        if not augment(task, cands, holder, held):
             return None
     # nodes: ("t", task), ("a", arrival). Edges: task -> a candidate it does not hold,
     # arrival -> the task holding it. reach: nodes from which a free arrival can be reached.
@@ -427,36 +427,6 @@ def assignable(cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] 
         ct = component[("t", task)]
         out[task] = tuple(k for k in free if held[task] == k or ("a", k) in reach or component.get(("a", k)) == ct)
     return out
-
-
-def _augment(task: int, cands: dict[int, tuple[int, ...]], holder: dict[int, int], held: dict[int, int]) -> bool:
-    """Find an arrival for ``task``, moving other tasks along an alternating path (breadth first)."""
-    came_from: dict[
-        int, tuple[int, int | None]
-    ] = {}  # arrival -> (task that reaches it, the arrival that task gives up)
-    queue: list[tuple[int, int | None]] = [(task, None)]
-    seen_tasks = {task}
-    while queue:
-        nxt: list[tuple[int, int | None]] = []
-        for t, gave in queue:
-            for k in cands[t]:
-                if k in came_from:
-                    continue
-                came_from[k] = (t, gave)
-                if k not in holder:  # free: shift every task on the path
-                    while True:
-                        t_, gave_ = came_from[k]
-                        holder[k] = t_
-                        held[t_] = k
-                        if gave_ is None:
-                            return True
-                        k = gave_
-                t2 = holder[k]
-                if t2 not in seen_tasks:
-                    seen_tasks.add(t2)
-                    nxt.append((t2, k))
-        queue = nxt
-    return False
 
 
 def _components(cands: dict[int, tuple[int, ...]], held: dict[int, int]) -> dict[tuple[str, int], int]:
@@ -639,8 +609,6 @@ class HeaderJoin:
         """The join starts afresh: the tasks still ambiguous keep their window, to be named by a
         later turn that holds one's exchange (``_name_closed``), for OPEN_FOR_US at most."""
         self._solve_parked()
-        if not self._parked:
-            return
         tasks = self._cands
         bursts = None if self.one_task_each else {t: self._first_bursts(t) for t in tasks}
         links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in tasks]

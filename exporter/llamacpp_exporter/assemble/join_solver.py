@@ -21,7 +21,7 @@ Pure: no I/O, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -217,17 +217,37 @@ def _solve(
 
 
 def _matching_exists(left: dict[int, list[int]]) -> bool:
-    """Whether every task can have an arrival of its own (Kuhn's augmenting paths)."""
+    """Whether every task can have an arrival of its own."""
     holder: dict[int, int] = {}
+    held: dict[int, int] = {}
+    return all(augment(t, left, holder, held) for t in sorted(left, key=lambda t: len(left[t])))
 
-    def place(task: int, visited: set[int]) -> bool:
-        for k in left[task]:
-            if k in visited:
-                continue
-            visited.add(k)
-            if k not in holder or place(holder[k], visited):
-                holder[k] = task
-                return True
-        return False
 
-    return all(place(t, set()) for t in sorted(left, key=lambda t: len(left[t])))
+def augment(task: int, cands: Mapping[int, Sequence[int]], holder: dict[int, int], held: dict[int, int]) -> bool:
+    """Find an arrival for ``task``, moving other tasks along an alternating path (breadth first)."""
+    came_from: dict[
+        int, tuple[int, int | None]
+    ] = {}  # arrival -> (task that reaches it, the arrival that task gives up)
+    queue: list[tuple[int, int | None]] = [(task, None)]
+    seen_tasks = {task}
+    while queue:
+        nxt: list[tuple[int, int | None]] = []
+        for t, gave in queue:
+            for k in cands[t]:
+                if k in came_from:
+                    continue
+                came_from[k] = (t, gave)
+                if k not in holder:  # free: shift every task on the path
+                    while True:
+                        t_, gave_ = came_from[k]
+                        holder[k] = t_
+                        held[t_] = k
+                        if gave_ is None:
+                            return True
+                        k = gave_
+                t2 = holder[k]
+                if t2 not in seen_tasks:
+                    seen_tasks.add(t2)
+                    nxt.append((t2, k))
+        queue = nxt
+    return False
