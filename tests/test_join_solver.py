@@ -20,6 +20,7 @@ def solve(
     targets: set[int] | None = None,
     outside: dict[int, set[str]] | None = None,
     budget: int = 100_000,
+    clusters: list[int] | None = None,
 ) -> dict[int, set[str]] | None:
     return names_by_assignment(
         cands,
@@ -30,6 +31,7 @@ def solve(
         lambda t: (outside or {}).get(t),
         targets if targets is not None else set(cands),
         budget,
+        clusters,
     )
 
 
@@ -83,3 +85,29 @@ def test_a_search_out_of_budget_leaves_every_name_possible() -> None:
 def test_only_the_tasks_asked_about_are_answered() -> None:
     got = solve({1: (0, 1), 2: (0, 1), 3: (2,)}, ["a", "b", "c"], targets={3})
     assert got == {3: {"c"}}
+
+
+def test_ids_grow_from_one_cluster_to_the_next() -> None:
+    # tasks 5 and 9 can each be arrival 0 (a) or 1 (b). Arrival 0 took its id before arrival 1
+    # came (different clusters): the smaller id is a's. Within one cluster either order holds.
+    assert solve({5: (0, 1), 9: (0, 1)}, ["a", "b"], clusters=[0, 1]) == {5: {"a"}, 9: {"b"}}
+    assert solve({5: (0, 1), 9: (0, 1)}, ["a", "b"], clusters=[0, 0]) == {5: {"a", "b"}, 9: {"a", "b"}}
+
+
+def test_id_order_reaches_tasks_that_share_no_arrival() -> None:
+    # task 5 can be arrival 0 (a, cluster 0) or 2 (c, cluster 2); task 9 (a larger id) can only be
+    # arrival 1 (b, cluster 1): task 5 took its id before b arrived, so it is a. Nothing but the
+    # order ties the two (no shared arrival, no link).
+    assert solve({5: (0, 2), 9: (1,)}, ["a", "b", "c"], clusters=[0, 1, 2]) == {5: {"a"}, 9: {"b"}}
+
+
+def test_id_order_lets_one_request_hold_several_ids() -> None:
+    # where a request may have several tasks, two ids may share one arrival: the order only
+    # keeps a later cluster from a smaller id
+    got = solve({5: (0, 1), 9: (0,)}, ["a", "b"], share=True, clusters=[0, 1])
+    assert got == {5: {"a"}, 9: {"a"}}
+
+
+def test_no_order_of_ids_fits_narrows_nothing() -> None:
+    # the smaller id can only be the later cluster's arrival, the larger only the earlier's
+    assert solve({5: (1,), 9: (0,)}, ["a", "b"], clusters=[0, 1]) is None

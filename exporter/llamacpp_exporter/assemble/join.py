@@ -103,7 +103,8 @@ What the join proves, and how (every step is a consequence of the rules above):
   tasks at once (join_solver): every assignment of tasks to arrivals the rules above allow
   (each request one task, or, where requests may have several, only tasks first tried in one
   burst sharing one; a prompt that holds an exchange carries its owner's name, none, or a name
-  first seen after) is searched, within a bound, and a task every assignment gives one name is
+  first seen after; a smaller id is no request of a later cluster than a larger id's) is
+  searched, within a bound, and a task every assignment gives one name is
   named. A name possible for each task alone can be possible for no assignment of them all
   (a chain's members each have candidates; one name is common to all). A later turn that
   narrows a closed window's task is judged so too.
@@ -493,6 +494,7 @@ class _Window:
     # each request one task (None), or each task's first try bursts (None: not known)
     bursts: dict[int, set[int] | None] | None
     links: list[Link]
+    clusters: list[int]  # per arrival: ids grow with arrival from one cluster to the next
 
 
 MAX_WINDOWS: Final = 32  # closed windows whose ambiguous tasks a later turn may still name
@@ -612,7 +614,10 @@ class HeaderJoin:
         tasks = self._cands
         bursts = None if self.one_task_each else {t: self._first_bursts(t) for t in tasks}
         links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in tasks]
-        window = _Window([a.name for a in self._arrivals], dict(tasks), self._now_us, bursts, links)
+        arrivals = self._arrivals
+        window = _Window(
+            [a.name for a in arrivals], dict(tasks), self._now_us, bursts, links, [a.cluster for a in arrivals]
+        )
         for task in self._parked:
             self._closed[task] = window
         self._parked = set()
@@ -643,7 +648,7 @@ class HeaderJoin:
             bursts = window.bursts
             share = None if bursts is None else (lambda a, b, w=bursts: _may_be_one_request(w.get(a), w.get(b)))
             asked = {t for t, w in self._closed.items() if w is window}
-            named = self._jointly(window.cands, window.names, share, window.links, asked)
+            named = self._jointly(window.cands, window.names, share, window.links, asked, window.clusters)
             if named is None:
                 continue  # no assignment: a rule did not hold here; name nothing by it
             for task, names in named.items():
@@ -1075,6 +1080,7 @@ class HeaderJoin:
         share: Callable[[int, int], bool] | None,
         links: list[Link],
         targets: set[int],
+        clusters: list[int],
     ) -> dict[int, set[str]] | None:
         """The names each task can carry in some assignment of the window's tasks to arrivals
         (join_solver); None past the bounds, or when no assignment exists."""
@@ -1082,7 +1088,14 @@ class HeaderJoin:
             return None
         seen = self._first_seen
         return names_by_assignment(
-            cands, names, share, links, lambda n, at: not n or seen.get(n, at) >= at, self._names_of, targets
+            cands,
+            names,
+            share,
+            links,
+            lambda n, at: not n or seen.get(n, at) >= at,
+            self._names_of,
+            targets,
+            clusters=clusters,
         )
 
     def _solve_parked(self) -> None:
@@ -1101,7 +1114,9 @@ class HeaderJoin:
             else (lambda a, b: _may_be_one_request(self._first_bursts(a), self._first_bursts(b)))
         )
         links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in cands]
-        named = self._jointly(cands, [a.name for a in arrivals], share, links, self._parked)
+        named = self._jointly(
+            cands, [a.name for a in arrivals], share, links, self._parked, [a.cluster for a in arrivals]
+        )
         if named is None:
             return
         for task in sorted(self._parked):

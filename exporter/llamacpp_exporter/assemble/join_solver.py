@@ -13,7 +13,10 @@ it. A task with one name left is named; nothing is assumed beyond the rules the 
 - two tasks share an arrival only where ``may_share`` allows it (never, when each request is
   one task; otherwise only tasks first tried in one try burst);
 - a prompt holding an earlier task's exchange (a ``Link``) carries that task's name, or no
-  name, or a name first seen after that exchange existed (a branch or clone of it).
+  name, or a name first seen after that exchange existed (a branch or clone of it);
+- ids grow with arrival across clusters (``clusters``: an arrival's cluster; every arrival of
+  a cluster took its ids before the next cluster's first arrived, join.py): a task with a
+  smaller id than another is not the request of an arrival of a later cluster than the other's.
 
 Bounded: the search stops after ``budget`` steps, and then nothing is narrowed by it.
 Pure: no I/O, no clock.
@@ -52,14 +55,20 @@ def names_by_assignment(
     outside: Callable[[int], set[str] | None],
     targets: set[int],
     budget: int = BUDGET,
+    clusters: Sequence[int] | None = None,
 ) -> dict[int, set[str]] | None:
     """Per task of ``targets``, the names it carries in at least one assignment of every task to
     an arrival (positions in ``names``); only the tasks linked to a target (by a shared candidate
     or a link) are searched. ``may_share``: whether two tasks may be one request's (None: never);
     ``new_since(name, t)``: the name was first seen at or after t (or is empty); ``outside(task)``:
-    the names an owner outside ``cands`` can carry (None: any). None when there is no
-    assignment at all (a rule did not hold: judge nothing by it). A name whose search ran out of
-    budget stays possible."""
+    the names an owner outside ``cands`` can carry (None: any); ``clusters``: per arrival, its
+    cluster (None: no id order is known). None when there is no assignment at all (a rule did
+    not hold: judge nothing by it). A name whose search ran out of budget stays possible."""
+    if clusters is not None:
+        bounded = _in_id_order(cands, clusters)
+        if bounded is None:
+            return None
+        cands = bounded
     steps = [0, budget]  # left for this search, left for the call
     by_holder: dict[int, list[Link]] = {}
     by_owner: dict[int, list[Link]] = {}
@@ -74,11 +83,42 @@ def names_by_assignment(
         asked = [t for t in component if t in targets]
         if not asked:
             continue
-        seen = _solve(component, asked, cands, names, may_share, by_holder, by_owner, new_since, outside, steps)
+        seen = _solve(
+            component, asked, cands, names, may_share, by_holder, by_owner, new_since, outside, clusters, steps
+        )
         if seen is None:
             return None
         out.update(seen)
     return out
+
+
+def _in_id_order(cands: dict[int, tuple[int, ...]], clusters: Sequence[int]) -> dict[int, tuple[int, ...]] | None:
+    """Each task's arrivals, less those the id order rules out whatever the others are: a task
+    is of no later cluster than the latest any larger id can be, and of no earlier one than the
+    earliest any smaller id can be (bounds, over every task of the window; None: some task has
+    none left)."""
+    order = sorted(cands)
+    free = {t: tuple(cands[t]) for t in order}
+    changed = True
+    while changed:
+        changed = False
+        low = -1  # the earliest cluster a task with a smaller id can be
+        for t in order:
+            kept = tuple(k for k in free[t] if clusters[k] >= low)
+            if not kept:
+                return None
+            changed |= kept != free[t]
+            free[t] = kept
+            low = max(low, min(clusters[k] for k in kept))
+        high = 1 << 60  # the latest cluster a task with a larger id can be
+        for t in reversed(order):
+            kept = tuple(k for k in free[t] if clusters[k] <= high)
+            if not kept:
+                return None
+            changed |= kept != free[t]
+            free[t] = kept
+            high = min(high, max(clusters[k] for k in kept))
+    return free
 
 
 def _components(cands: dict[int, tuple[int, ...]], links: Sequence[Link]) -> list[list[int]]:
@@ -124,6 +164,7 @@ def _solve(
     by_owner: dict[int, list[Link]],
     new_since: Callable[[str, int], bool],
     outside: Callable[[int], set[str] | None],
+    clusters: Sequence[int] | None,
     steps: list[int],
 ) -> dict[int, set[str]] | None:
     seen: dict[int, set[str]] = {t: set() for t in tasks}
@@ -156,6 +197,11 @@ def _solve(
         for other in users.get(k, ()):
             if may_share is None or not may_share(task, other):
                 return False
+        if clusters is not None:
+            c = clusters[k]
+            for other, at in assigned.items():
+                if (clusters[at] > c) if other < task else (clusters[at] < c):
+                    return False
         assigned[task] = k
         ok = all(link_ok(li) for li in by_holder.get(task, ())) and all(link_ok(li) for li in by_owner.get(task, ()))
         del assigned[task]
