@@ -1,8 +1,10 @@
 """What the conversation join names on every recorded run with conversation ids: requests (by
 the truth file, right, uncertain, wrong), prefill seconds and "cost to others" seconds (by
 `analyze`'s report, late proofs applied). Anyone can rerun it; it prints a Markdown table.
+With --why, each request left uncertain and the requests the log leaves it (the conversations
+of the truth file; "no answer": a request that got none, given up while queued).
 
-    .venv/bin/python benchmarks/join_coverage.py
+    .venv/bin/python benchmarks/join_coverage.py [--why]
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.offline import analyze
 from llamacpp_exporter.offline.analyze import Inputs, Options
+from llamacpp_exporter.offline.store import RecordStore
 
 LOGS = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "logs"
 RUNS = [
@@ -80,6 +83,37 @@ def coverage(name: str) -> dict[str, Any]:
     return {"right": right, "uncertain": uncertain, "wrong": wrong, "named": named}
 
 
+def left_uncertain(name: str) -> list[str]:
+    """Per request left uncertain: its conversation, turn, prefill, and the names the join still
+    allows it at the end of the log."""
+    ps = Pseudonymizer(SALT)
+    truth = [json.loads(line) for line in (LOGS / f"{name}.truth.jsonl").read_text().splitlines()]
+    conv_of = {ps("id:" + t["conv"]): t["conv"] for t in truth if t.get("conv")}
+    store = RecordStore()
+    try:
+        reading = analyze.read_logs([str(LOGS / f"{name}.log")], AssemblySettings(), ps, store)
+        (assembler,) = reading.pipeline.assemblers
+        join = assembler.attribution.join
+        recs = list(store.records())
+        out = []
+        for t in truth:
+            r = next((r for r in recs if _match(r, t)), None)
+            if not t.get("conv") or r is None or r.conversation_source != "uncertain":
+                continue
+            names = join.possible_names(r.task)
+            told = (
+                "any"
+                if names is None
+                else ", ".join(sorted(conv_of.get(n, "no answer") if n else "no id" for n in names))
+            )
+            out.append(
+                f"task {r.task} ({t['conv']} turn {t['turn']}, prefill {r.prefill_seconds or 0.0:.1f} s): one of {told}"
+            )
+        return out
+    finally:
+        store.close()
+
+
 def pct(share: dict[str, float] | None) -> str:
     if not share or not share["total"]:
         return "-"
@@ -102,6 +136,12 @@ def main() -> None:
             f"{c['wrong']} wrong) | {pct(named.get('prefill_seconds'))} | {pct(named.get('cost_to_others_seconds'))} |"
         )
         sys.stdout.flush()
+    if "--why" in sys.argv[1:]:
+        for build, workload, name in RUNS:
+            if (LOGS / f"{name}.log").exists():
+                print(f"\n{build}, {workload} ({name}):")
+                for line in left_uncertain(name):
+                    print(f"- {line}")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ SALT = "a-test-salt-of-enough-length"
 LOGS_TRIED = ["lv4-np2-impatient-ids", "lv4-np1-cancelled", "lv4-np2-starved", "lv4-np2-slow-machine", "lv4-np2-text"]
 # and llama-server b11549's (no chat-format lines): clients with ids giving up, starved and not
 LOGS_TRIED += ["b11549-lv4-np2-impatient-ids", "b11549-lv4-np2-impatient-ids-starved"]
+# where the joint search names most at the window's close, long after the records went out
+LOGS_TRIED += ["lv4-np2-impatient-ids-never-idle", "b11549-lv4-np4-pileups-starved"]
 
 
 def replayed(lines: list[str]) -> list[dict[str, Any]]:

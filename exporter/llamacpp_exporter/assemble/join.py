@@ -593,6 +593,11 @@ class HeaderJoin:
         task hold; otherwise the join names by arrival times only (``_by_time``)."""
         return self._not_one_task == 0 and not self._several_tasks_possible
 
+    def possible_names(self, task: int) -> set[str] | None:
+        """The names (pseudonyms, "" for none) the task's request can still carry, as far as the
+        log proves now (None: any). For a report of what stays uncertain, and why."""
+        return self._names_of(task)
+
     def pending(self, task: int) -> bool:
         """Seen and not resolved yet: the log may still settle it."""
         return task in self._unresolved or task in self._parked or task in self._closed
