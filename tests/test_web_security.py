@@ -527,3 +527,38 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_file_kee
     finally:
         terminate(proc)
     assert "Traceback" not in err_path.read_text()
+
+
+def _oversized(url: str, port: int, tls: ssl.SSLContext | None = None) -> tuple[int, int]:
+    """The status codes of a request with a 1 MB header (httpx), and of one with a 1 MB URL (sent
+    by hand: httpx refuses URLs that long, curl and browsers do not)."""
+    big_header = httpx.get(url + "/metrics", headers={"X-Big": "a" * 1_000_000}, timeout=10, verify=tls or True)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        conn = tls.wrap_socket(raw, server_hostname="127.0.0.1") if tls is not None else raw
+        conn.sendall(b"GET /metrics?" + b"a" * 1_000_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        answer = b""
+        while b"\r\n" not in answer and (chunk := conn.recv(4096)):
+            answer += chunk
+    return big_header.status_code, int(answer.split()[1])
+
+
+def test_a_huge_header_or_url_is_answered_431_or_414_then_closed(tmp_path: Path) -> None:
+    proc, port = _start_exporter(tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(3):
+            assert _oversized(url, port) == (431, 414)
+        assert httpx.get(url + "/metrics", timeout=10).status_code == 200
+        closed = _closed(httpx.get(url + "/metrics", timeout=10).text)
+        assert closed["header_too_large"] == 6, closed
+    finally:
+        terminate(proc)
+    assert "Traceback" not in (tmp_path / "exporter.stderr").read_text()
+
+
+def test_a_huge_header_or_url_over_tls_is_answered_too(secured: dict[str, Any]) -> None:
+    ca = ssl.create_default_context(cafile=str(secured["ca"]))
+    assert _oversized(secured["url"], secured["port"], ca) == (431, 414)
+    assert (
+        httpx.get(secured["url"] + "/metrics", verify=ca, auth=("prometheus", PASSWORD), timeout=10).status_code == 200
+    )

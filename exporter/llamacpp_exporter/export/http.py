@@ -46,7 +46,11 @@ SERVING_SWITCH_INTERVAL = 0.0005
 MAX_CONNECTIONS = 256  # requests answered at once, a thread each; more are closed at once
 HEADER_TIMEOUT = 5.0  # a request's header (and TLS handshake) must arrive whole within this of its connection
 MAX_WAITING = 4096  # connections waiting for their header; past it the oldest is closed
-MAX_HEADER_BYTES = 64 << 10  # a longer request header is closed unanswered
+MAX_HEADER_BYTES = 64 << 10  # a longer request header is answered 431 (or 414, a longer URL) and closed
+# After that answer the connection is shut for writing and what the client still sends is read and
+# dropped for up to this long before it is closed: closing with unread bytes would reset it, and
+# the client would lose the answer (Go's server waits so too)
+LINGER_SECONDS = 1.0
 
 
 def _max_waiting() -> int:
@@ -128,6 +132,25 @@ class _Waiting:
         self.handshaking = handshaking
 
 
+def _too_large_answer(header: bytes) -> bytes:
+    """What Go's server (node_exporter's) answers a header past its limit: 414 while the request
+    line itself has not ended, else 431."""
+    status = "431 Request Header Fields Too Large" if b"\n" in header else "414 URI Too Long"
+    body = status.encode()
+    head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {len(body)}\r\n"
+    return (head + "Connection: close\r\n\r\n").encode() + body
+
+
+class _Lingering:
+    """A connection answered and shut for writing: its client's last bytes are read and dropped
+    until it closes, or until the deadline."""
+
+    __slots__ = ("deadline",)
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+
+
 class _Arrived:
     """A connection whose request header has arrived, with the bytes already read of it."""
 
@@ -157,7 +180,7 @@ class _AlreadyRead(io.RawIOBase):
         return self._sock.recv_into(b)
 
 
-# Why a connection was closed without an answer (llamacpp_exporter_http_connections_closed_total)
+# Why a connection was closed before a request of it was served (llamacpp_exporter_http_connections_closed_total)
 CLOSED_REASONS = ("header_timeout", "header_too_large", "waiting_limit", "descriptors", "busy")
 
 
@@ -181,6 +204,7 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
         # TLS: each connection's handshake is done here, with the context in force when it came
         self.tls: Callable[[], ssl.SSLContext | None] | None = None
         self._waiting: OrderedDict[socket.socket, _Waiting] = OrderedDict()  # the oldest first
+        self._lingering: OrderedDict[socket.socket, _Lingering] = OrderedDict()  # the oldest first
         self.max_waiting = _max_waiting()
         self._selector = selectors.DefaultSelector()
         self._spare: int | None = _spare_descriptor()
@@ -202,13 +226,16 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
             while not self._stop.is_set():
                 now = time.monotonic()
                 wait = poll_interval
-                if self._waiting:
-                    wait = min(wait, max(0.0, next(iter(self._waiting.values())).deadline - now))
+                for pending in (self._waiting, self._lingering):
+                    if pending:
+                        wait = min(wait, max(0.0, next(iter(pending.values())).deadline - now))
                 if now < self._accept_paused_until:
                     wait = min(wait, self._accept_paused_until - now)
                 for key, _events in self._selector.select(wait):
                     if key.data is None:
                         self._accept()
+                    elif isinstance(key.data, _Lingering):
+                        self._drain(key.fileobj)  # type: ignore[arg-type]
                     else:
                         self._read_header(key.fileobj, key.data)  # type: ignore[arg-type]
                 self._expire(time.monotonic())
@@ -216,6 +243,8 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
             self._selector.unregister(self.socket)
             for conn in list(self._waiting):
                 self._close_waiting(conn)
+            for conn in list(self._lingering):
+                self._close_lingering(conn)
             self._stopped.set()
 
     def shutdown(self) -> None:
@@ -287,7 +316,7 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
                     self.process_request(_Arrived(conn, bytes(w.header)), w.address)
                     return
                 if len(w.header) > MAX_HEADER_BYTES:
-                    self._close_waiting(conn, "header_too_large")
+                    self._answer_too_large(conn, w)
                     return
         except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
             return  # more later (a handshake that wants to write finds room at the next read)
@@ -295,7 +324,50 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
             log.debug("connection from %s failed", w.address, exc_info=True)
             self._close_waiting(conn)
 
+    def _answer_too_large(self, conn: socket.socket, w: _Waiting) -> None:
+        """Answer 431 (or 414), shut the connection for writing, and read what the client still
+        sends until it closes (LINGER_SECONDS at most), then close it."""
+        self._waiting.pop(conn, None)
+        self._selector.unregister(conn)
+        self.closed["header_too_large"] += 1
+        try:
+            conn.send(_too_large_answer(bytes(w.header[:MAX_HEADER_BYTES])))  # a few hundred bytes: room in any buffer
+            conn.shutdown(socket.SHUT_WR)
+        except OSError:  # the client left, or a TLS record that wants more: nothing to wait for
+            conn.close()
+            return
+        if len(self._lingering) >= self.max_waiting:
+            self._close_lingering(next(iter(self._lingering)))
+        self._lingering[conn] = li = _Lingering(time.monotonic() + LINGER_SECONDS)
+        self._selector.register(conn, selectors.EVENT_READ, li)
+
+    def _drain(self, conn: socket.socket) -> None:
+        try:
+            for _ in range(16):  # a bounded share of the loop: 1 MiB per turn at most
+                if not conn.recv(65536):
+                    break
+            else:
+                return
+        except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except OSError:
+            pass
+        self._close_lingering(conn)
+
+    def _close_lingering(self, conn: socket.socket) -> None:
+        self._lingering.pop(conn, None)
+        try:
+            self._selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
     def _expire(self, now: float) -> None:
+        while self._lingering:
+            conn, li = next(iter(self._lingering.items()))
+            if li.deadline > now:
+                break
+            self._close_lingering(conn)
         while self._waiting:
             conn, w = next(iter(self._waiting.items()))
             if w.deadline > now:
@@ -359,10 +431,11 @@ class ConnectionsCollector(Collector):
     def _families(self, srv: ThreadingWSGIServer | None) -> Iterable[Metric]:
         closed = CounterMetricFamily(
             "llamacpp_exporter_http_connections_closed",
-            "Connections to the exporter closed without an answer: header_timeout (the request header did not "
-            "arrive whole in time), header_too_large, waiting_limit (too many waited for their header: the "
-            "oldest went), descriptors (out of file descriptors: the oldest waiting one went, or the new one), "
-            "busy (every request thread was answering).",
+            "Connections to the exporter closed before a request of theirs was served: header_timeout (the "
+            "request header did not arrive whole in time), header_too_large (answered 431, or 414 for a URL, "
+            "then closed), waiting_limit (too many waited for their header: the oldest went), descriptors (out "
+            "of file descriptors: the oldest waiting one went, or the new one), busy (every request thread was "
+            "answering).",
             labels=["reason"],
         )
         for reason in CLOSED_REASONS:
