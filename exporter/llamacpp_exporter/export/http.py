@@ -226,9 +226,10 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
             while not self._stop.is_set():
                 now = time.monotonic()
                 wait = poll_interval
-                for pending in (self._waiting, self._lingering):
-                    if pending:
-                        wait = min(wait, max(0.0, next(iter(pending.values())).deadline - now))
+                if self._waiting:
+                    wait = min(wait, max(0.0, next(iter(self._waiting.values())).deadline - now))
+                if self._lingering:
+                    wait = min(wait, max(0.0, next(iter(self._lingering.values())).deadline - now))
                 if now < self._accept_paused_until:
                     wait = min(wait, self._accept_paused_until - now)
                 for key, _events in self._selector.select(wait):
