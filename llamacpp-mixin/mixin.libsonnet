@@ -162,6 +162,10 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
       "min_lines": 10,
       "for": "15m",
     },
+    "log_lines_changed": {
+      "window": "30m",
+      "for": "0m",
+    },
     "diagnostics_unavailable": {
       "for": "30m",
     },
@@ -628,6 +632,19 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "summary": "The exporter does not recognise llama-server's log lines: its log format changed.",
               "description": "{{ $value | humanizePercentage }} of the log lines read on {{ $labels.instance }} are not recognised or not text. A new llama.cpp build probably changed its log (the exporter needs an update), or something else writes into the log file.",
               "runbook_url": ($._config.runbook_url_pattern % "llamacpplogparsedrift"),
+            },
+          },
+          {
+            "alert": "LlamaCppServerLogChanged",
+            "expr": "sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, logger, function) (\n  (llamacpp_exporter_log_lines_unrecognized_total{" + $._config.selector + ", logger=~\"slot|srv|que|res\"} unless llamacpp_exporter_log_lines_unrecognized_total{" + $._config.selector + ", logger=~\"slot|srv|que|res\"} offset " + $._config.log_lines_changed.window + ")\n  or\n  increase(llamacpp_exporter_log_lines_unrecognized_total{" + $._config.selector + ", logger=~\"slot|srv|que|res\"}[" + $._config.log_lines_changed.window + "])\n) > 0\n",
+            "for": $._config.log_lines_changed["for"],
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "llama-server logs lines of its slots, requests or prompt cache that the exporter does not know.",
+              "description": "{{ $value | printf \"%.0f\" }} lines written by llama-server's {{ $labels.logger }} logger, function {{ $labels.function }}, on {{ $labels.instance }} were not recognised lately: a llama.cpp build reworded lines the diagnosis reads (the prompt-cache narrative, slot selection, the timings). Cache outcomes, restores and request records may be wrong until the exporter knows them.",
+              "runbook_url": ($._config.runbook_url_pattern % "llamacppserverlogchanged"),
             },
           },
           {

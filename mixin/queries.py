@@ -102,6 +102,19 @@ def unparsed_lines(selector: str, by: str | None, window: str) -> str:
     return increase(LOG_LINES, selector, window, by, UNPARSED)
 
 
+UNRECOGNIZED_BY_FUNCTION = "llamacpp_exporter_log_lines_unrecognized_total"
+SERVER_CORE = 'logger=~"slot|srv|que|res"'  # the loggers of llama-server's slots, requests, cache and queue
+
+
+def core_lines_unrecognized(selector: str, by: str, window: str) -> str:
+    """Unrecognized lines of llama-server's core loggers in the window, by ``by``: the whole count
+    of a series that appeared in it (a build's first reworded line creates the series, and
+    increase() would miss that line), else what the counter gained."""
+    sel = _sel(selector, SERVER_CORE)
+    series = f"{UNRECOGNIZED_BY_FUNCTION}{sel}"
+    return f"sum by ({by}) (\n  ({series} unless {series} offset {window})\n  or\n  increase({series}[{window}])\n)"
+
+
 def unparsed_ratio(selector: str, by: str | None, window: str) -> str:
     return f"{rate(LOG_LINES, selector, window, by, UNPARSED)}\n  / {rate(LOG_LINES, selector, window, by)}"
 

@@ -537,6 +537,21 @@ and
             c,
         ),
         alert(
+            "LlamaCppServerLogChanged",
+            f"""
+{q.core_lines_unrecognized(s, q.target_labels(c) + ", logger, function", c["log_lines_changed"]["window"])} > 0
+""",
+            c["log_lines_changed"]["for"],
+            "warning",
+            "llama-server logs lines of its slots, requests or prompt cache that the exporter does not know.",
+            '{{ $value | printf "%.0f" }} lines written by llama-server\'s {{ $labels.logger }} logger, function '
+            "{{ $labels.function }}, on {{ $labels.instance }} were not recognised lately: a llama.cpp build "
+            "reworded lines the diagnosis reads (the prompt-cache narrative, slot "
+            "selection, the timings). Cache outcomes, restores and request records may be wrong until the "
+            "exporter knows them.",
+            c,
+        ),
+        alert(
             "LlamaCppCacheDiagnosticsUnavailable",
             f"llamacpp_exporter_cache_diagnostics_available{{{s}}} == 0",
             c["diagnostics_unavailable"]["for"],

@@ -525,9 +525,16 @@ class Ignored(_EventBase):
 
 
 class Unrecognized(_EventBase):
-    """A line shaped like a server line whose message we do not know: a new build's log."""
+    """A line shaped like a server line whose message we do not know: a new build's log. Of
+    the line only its logger (slot, srv, que, res, cmn, spec; "" when it has none) and the
+    function column are kept: which part of the server changed, never message text."""
 
-    __slots__ = ()
+    __slots__ = ("logger", "function")
+    _fields = ("logger", "function")
+
+    def __init__(self, logger: str = "", function: str = "") -> None:
+        self.logger = logger
+        self.function = function
 
 
 class Unreadable(_EventBase):
@@ -682,6 +689,54 @@ _RE_LOAD_CANCELLED: Final = re.compile(r" cancelled while model name=" + _MODEL_
 _RE_AVAILABLE: Final = re.compile(r"  \[ *[a-z]{1,16}\] " + _MODEL_NAME)
 _RE_STOPPING: Final = re.compile(r"stopping model instance name=" + _MODEL_NAME + "$")
 
+# srv lines known and not needed, by how they begin (llama-server b10950 to b11549; the
+# tools/server sources of b11434 and b11549 hold every one of them but the b10950 startup lines):
+# startup, shutdown, sleeping, the router's bookkeeping, errors of other parts. Any other srv
+# line the parsers above do not read is unrecognized (counted by function): a build that rewords
+# a line is seen, never taken for one of these.
+_SRV_IGNORED_STARTS: Final = (
+    # startup and configuration
+    "loading model '", "local path '", "model loaded", "using ", "chat template", "preserve_reasoning kwarg",
+    "idle slots will be saved", "use `--cache-ram 0`", "for more info see", "context checkpoints ",
+    "prompt cache is disabled", "prompt cache is enabled, size limit: ", "security: ", "embeddings enabled with",
+    "setting n_batch", "setting address family", "speculative decoding", "synthetic acceptance requires",
+    "capping per-slot context", "--kv-unified-per-slot", "--cache-idle-slots requires", "--port 0 is not",
+    "loaded multimodal model", "[mtmd]", "running with SSL", "running without SSL", "the server is built without",
+    "api_keys: ", "Google Cloud Platform compat", "AIP_PREDICT_ROUTE", "LLAMA_SERVER_SLOTS_", "LLAMA_TRACE",
+    "The UI is disabled", "Use --ui", "SO_REUSEPORT", "n_parallel is set to auto", "notice: server default port",
+    "cache_reuse is not supported", "ctx_shift is not supported", "swa_full is not supported", "the slot context (",
+    "increase n_ubatch", "cap image_max_tokens", "decision model type", "Added ", "MCP", "NOTE: using preset.ini",
+    "      please only use presets", "  no models found", "static assets path not found", "(CORS) ",
+    # b10950's startup
+    "CORS is set", "this can be a security risk", "more info: ", "-----------------", "binding port",
+    # shutdown and sleeping
+    "n_pre_decode", "avg t_", "EOF on stdin detected", "exit command received", "exiting due to",
+    "child server monitoring thread", "server is entering sleeping state", "server is exiting sleeping state",
+    # the router's bookkeeping (a child's own lines carry its port)
+    "spawning server instance with args", "waiting until model name=", "slot available, loading queued model",
+    "Loaded ", "Available models", "(startup) loading model", "(reload) ", "evicting idle LRU",
+    "models_max limit reached", "removing model name=", "hiding cache model", "model ", "old process for model",
+    "force-killing model", "starting download", "download", "cancelling download", "queued load of name=",
+    "router stop for", "stop on unknown stream session", "proxying ", "DELETE /v1/stream", "done request: ",
+    "purging slot ", "control ", "invalid stop-timeout", "failed to get stdout/stderr",
+    "failed to parse child state update", "failed to initialize router models", "failed to load models on startup",
+    # requests and errors the records learn otherwise (a task's failure: its missing timing lines)
+    "set lora adapter", "http client error", "unauthorized: ", "ignoring client-provided stream field",
+    "unsupported Responses tool type", "downloading image from", "loading image from local file", "got exception",
+    "got another exception", "no tokens to decode", "decode() failed", "pre_decode() failed", "post_decode() failed",
+    "failed to find free space in the KV cache", "failed to process speculative batch", "unsupported batch.",
+    "failed to allocate memory for prompt cache state", "failed to create", "failed to load", "failed to init",
+    "failed to fetch model metadata", "failed to stop HTTP server", "failed to initialize", "couldn't bind",
+    "couldn't start HTTP listener", "listener on ", "tools setup failed", "unknown error while validating model",
+)  # fmt: skip
+# "<function>: cleaning up before exit..." (the server's main), and the router's listing of a
+# child's arguments, one per line under "spawning server instance with args:"
+_SRV_IGNORED: Final = re.compile(
+    "|".join(re.escape(start) for start in _SRV_IGNORED_STARTS)
+    + r"|\w+(?:\(\))?: (?:cleaning up before exit|chat template)|  \S"
+)
+_QUE_IGNORED: Final = ("entering sleeping state", "exiting sleeping state")
+
 # slot-line messages that are known and carry nothing we need
 _SLOT_IGNORED_PREFIXES: Final = (
     " - skipping",
@@ -712,6 +767,26 @@ _SLOT_IGNORED_PREFIXES: Final = (
     "got exception",
     "failed to load prompt from cache",
     " - copying state to child",
+    " - copying shared prompt",  # an n > 1 request's prompt, to its children's slots
+    # slot files (POST /slots?action=save|restore; b11549 keeps context checkpoints in them)
+    "appended ",
+    "restored ",
+    "failed to append context checkpoints",
+    "invalid context checkpoint appendix",
+    "truncated context checkpoint appendix",
+    "draft context checkpoint data",
+    "failed to load context checkpoint",
+    # multimodal and embedding tasks, and their failures
+    "encoding mtmd batch",
+    "failed to encode mtmd",
+    "failed to decode mtmd",
+    "failed to process mtmd chunk",
+    "failed to get embeddings",
+    "slot is not processing",
+    "n_past = ",
+    # LLAMA_SERVER_SLOTS_DEBUG's dump of a prompt's differing tokens (their text too: never kept)
+    "old: ... ",
+    "new: ... ",
 )
 
 
@@ -765,6 +840,8 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
         if s.startswith("- skipping, is_processing = 1"):
             return SlotBusy(slot)
         if s.startswith(("total time", "graphs reused", "- skipping", "- checking sim", "acc per pos")):
+            return IGNORED
+        if s[:1].isdigit():  # the token ids of that dump, right-aligned
             return IGNORED
     elif c == "s":
         if msg.startswith("stop processing"):
@@ -949,7 +1026,9 @@ def _router_event(msg: str) -> Event:
             m = _RE_LOAD_CANCELLED.search(msg.rstrip())
             if m:
                 return ModelRequestCancelled(m.group(1))
-    return IGNORED
+    if _SRV_IGNORED.match(msg):
+        return IGNORED
+    return UNRECOGNIZED
 
 
 _HEX_COMMIT: Final = re.compile(r"[0-9a-f]{4,40}")
@@ -977,8 +1056,24 @@ def parse_message(text: str, ts_us: int | None, level: str | None) -> ParsedLine
         return ParsedLine(ts_us, IGNORED)
     tag, slot, task = m.groups()
     if slot is None or task is None:
-        return ParsedLine(ts_us, _tagged_event(tag, -1, 0, text[m.end() :]))
-    return ParsedLine(ts_us, _tagged_event(tag, int(slot), int(task), text[m.end() :]))
+        event = _tagged_event(tag, -1, 0, text[m.end() :])
+    else:
+        event = _tagged_event(tag, int(slot), int(task), text[m.end() :])
+    if event is UNRECOGNIZED:
+        event = unrecognized(tag, text[5:17])
+    return ParsedLine(ts_us, event)
+
+
+_FUNCTION_CHARS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_()~")
+
+
+def unrecognized(tag: str, column: str) -> Unrecognized:
+    """An unrecognized line's event: its logger and function column (a C++ function name,
+    truncated to 12 characters by the server's logger), "other" for a column that is no name."""
+    function = column.strip()
+    if not function or len(function) > 12 or not all(c in _FUNCTION_CHARS for c in function):
+        function = "other"
+    return Unrecognized(tag.strip(), function)
 
 
 def _tagged_event(tag: str, slot: int, task: int, msg: str) -> Event:
@@ -998,7 +1093,12 @@ def _tagged_event(tag: str, slot: int, task: int, msg: str) -> Event:
             b = _RE_BUILD.search(msg)
             if b:
                 return ServerBuild(int(b.group(1)), _commit(b.group(2)))
-    return IGNORED
+        return IGNORED  # the common library's lines (model, devices, threads): none carries what we read
+    if tag == "que ":
+        return IGNORED if msg.startswith(_QUE_IGNORED) else UNRECOGNIZED
+    if tag == "spec":
+        return IGNORED  # speculative decoding's setup; what a task accepted is on its slot lines
+    return UNRECOGNIZED  # res: nothing of it is logged below DEBUG in any build we know
 
 
 _JSONL_LEVELS: Final = {"info": "I", "warn": "W", "error": "E", "debug": "D", "cont": None, "none": None}
@@ -1095,9 +1195,15 @@ def _usual_line(line: str) -> ParsedLine | None:
             first = k
             task, k = _ascii_number(line, k)
             if k > first and line[k : k + 3] == " | ":
-                return ParsedLine(ts, _tagged_event(tag, slot, -task if negative else task, line[k + 3 :]))
+                event = _tagged_event(tag, slot, -task if negative else task, line[k + 3 :])
+                if event is UNRECOGNIZED:
+                    event = unrecognized(tag, line[i + 7 : i + 19])
+                return ParsedLine(ts, event)
         return None  # not the usual ids (other digits than ASCII ones, say): the general path's
-    return ParsedLine(ts, _tagged_event(tag, -1, 0, line[j:]))
+    event = _tagged_event(tag, -1, 0, line[j:])
+    if event is UNRECOGNIZED:
+        event = unrecognized(tag, line[i + 7 : i + 19])
+    return ParsedLine(ts, event)
 
 
 def _ascii_number(line: str, k: int) -> tuple[int, int]:

@@ -269,7 +269,9 @@ class Pipeline:
         if kind is parse.Ignored or kind is parse.DebugLine:
             m.ignored_lines += 1
         elif kind is parse.Unrecognized:
-            m.unrecognized_lines += 1
+            ev = parsed.event
+            if isinstance(ev, parse.Unrecognized):  # it is (kind): for the type checker
+                m.unrecognized(ev.logger, ev.function)
         elif kind is parse.Unreadable:
             m.unreadable_lines += 1
         else:

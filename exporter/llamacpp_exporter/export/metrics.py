@@ -45,6 +45,9 @@ LARGER_CACHE_LABELS: Final = {"2x": 2.0, "4x": 4.0}
 PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 CACHE_UPDATE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
+# (logger, function) pairs of unrecognized lines kept apart; past this many a new pair counts as
+# (logger, "other"): function names come from the log, and a label's values must stay few
+MAX_UNRECOGNIZED_KINDS: Final = 64
 # how a request's conversation was found (records.JoinSource), or none for an embedding task
 CONVERSATION_SOURCES: Final = ("header", "lineage", "uncertain", "none")
 
@@ -559,6 +562,7 @@ class LogMetrics:
         self.parsed_lines = 0
         self.ignored_lines = 0
         self.unrecognized_lines = 0
+        self.unrecognized_by: dict[tuple[str, str], int] = {}  # (logger, function) -> lines
         self.unreadable_lines = 0
         self.oversized_lines = 0
         self.last_line_time = 0.0
@@ -673,6 +677,15 @@ class LogMetrics:
         """Lines read so far, by result (LOG_LINE_RESULTS)."""
         counts = (self.parsed_lines, self.ignored_lines, self.unrecognized_lines, self.unreadable_lines)
         return dict(zip(LOG_LINE_RESULTS, (*counts, self.oversized_lines), strict=True))
+
+    def unrecognized(self, logger: str, function: str) -> None:
+        """An unrecognized line, by the logger and function that wrote it (parse.Unrecognized)."""
+        self.unrecognized_lines += 1
+        key = (logger, function)
+        by = self.unrecognized_by
+        if key not in by and len(by) >= MAX_UNRECOGNIZED_KINDS:
+            key = (logger, "other")
+        by[key] = by.get(key, 0) + 1
 
     def oversized_line_read(self, now: float | None = None) -> None:
         self.oversized_lines += 1
@@ -833,6 +846,16 @@ class _LineCollector(Collector):
         for result, n in self.m.line_counts().items():
             lines.add_metric([result], n)
         yield lines
+        unrecognized = CounterMetricFamily(
+            "llamacpp_exporter_log_lines_unrecognized",
+            "Unrecognized log lines (a server line whose message is unknown), by the server's logger (slot, srv, "
+            "que, res; empty: a line without one) and the function that wrote it: which part of llama-server "
+            "changed its log. Lines of slot, srv and que are all known on every tested build.",
+            labels=["logger", "function"],
+        )
+        for (logger, function), n in sorted(self.m.unrecognized_by.items()):
+            unrecognized.add_metric([logger, function], n)
+        yield unrecognized
         yield GaugeMetricFamily(
             "llamacpp_exporter_last_log_line_timestamp_seconds",
             "Unix time at which the last log line was read.",
