@@ -42,6 +42,7 @@ EXPECTED_EMPTY = {
     "rule LlamaCppExporterDown": "both exporters are up",
     "rule LlamaCppLogStale": "the exporters read the log",
     "rule LlamaCppLogParseDrift": "every line of this build is recognised",
+    "rule LlamaCppServerLogChanged": "every line of this build is recognised",
     "rule LlamaCppCacheDiagnosticsUnavailable": "every server runs at -lv 4",
     "rule LlamaCppServerLoadingTooLong": "no server is loading",
     "rule LlamaCppExporterAbsent": "the exporters are scraped",
