@@ -91,3 +91,27 @@ def test_a_line_no_function_name_could_be_counts_as_other() -> None:
     # INVENTED: a server-shaped line whose function column holds no C++ name
     event = parse.parse_line("0.01.000.000 I srv  <b>weird</b>: something new").event
     assert event == parse.Unrecognized("srv", "other")
+
+
+def finished(exposition: str) -> dict[str, float]:
+    got = samples(exposition, "llamacpp_requests_finished_total")
+    out: dict[str, float] = {}
+    for k, v in got.items():
+        reason = dict(k)["reason"]
+        out[reason] = out.get(reason, 0.0) + v
+    return out
+
+
+@pytest.mark.parametrize("log", [*RECORDED, "lv4-np1-cancelled.log", "b11434-lv4-np4-pileups.log"])
+def test_without_timing_lines_no_request_is_taken_for_a_failure(log: str, tmp_path: Path) -> None:
+    """A build that stops logging its timings (moved to debug level, say): each request's ending
+    is unknown, none is cancelled or failed but those the log says were."""
+    text = (LOGS / log).read_text(errors="replace")
+    _, _, before = counts(LOGS / log)
+    kept = [line for line in text.splitlines() if "print_timing" not in line]
+    (tmp_path / "no-timings.log").write_text("\n".join(kept) + "\n")
+    _, _, after = counts(tmp_path / "no-timings.log")
+    was, now = finished(before), finished(after)
+    print(f"{log}: finished {was} with timing lines, {now} without")
+    assert now.get("cancelled", 0) == was.get("cancelled", 0) and now.get("failed", 0) == was.get("failed", 0)
+    assert now["unknown"] == was["stop"] + was.get("truncated", 0) > 0

@@ -28,8 +28,11 @@ JoinSource = Literal["header", "lineage", "uncertain"]
 # how a request ended, as far as the log states it: stop (its timings, then its release: an end
 # of sequence, a stop word or its token limit, which llama-server tells apart only at DEBUG),
 # truncated (the context filled up: the release line's truncated = 1), cancelled (its client
-# went away while it ran: a cancel line, no timings), failed (an error line for it, no timings)
-FinishReason = Literal["stop", "truncated", "cancelled", "failed"]
+# went away while it ran: a cancel line, no timings), failed (an error line for it, no timings),
+# unknown (released without timings, and no cancel or error line for it: the log does not show
+# how it ended; on the tested builds every ending has one of those lines, so a build that no
+# longer logs its timings, or a log below -lv 3, and never the server's failure)
+FinishReason = Literal["stop", "truncated", "cancelled", "failed", "unknown"]
 
 PATHS: tuple[SelectionPath, ...] = get_args(SelectionPath)
 LORA_STATES: tuple[LoraState, ...] = get_args(LoraState)
@@ -71,9 +74,14 @@ def avoidable_prefill_seconds(rec: RequestRecord) -> float:
 
 
 def finish_reason(rec: RequestRecord) -> FinishReason:
-    if rec.generated_tokens is None and (rec.cancelled or rec.failed):
-        return "failed" if rec.failed else "cancelled"
+    if rec.generated_tokens is None and rec.kind == "completion":
+        return "failed" if rec.failed else "cancelled" if rec.cancelled else "unknown"
     return "truncated" if rec.truncated else "stop"
+
+
+def ended_unanswered(rec: RequestRecord) -> bool:
+    """Cancelled or failed, as the log states it: no timings, and a cancel or error line."""
+    return rec.generated_tokens is None and (rec.cancelled or rec.failed)
 
 
 def selection_path(method: str | None) -> SelectionPath:

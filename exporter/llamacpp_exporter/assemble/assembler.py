@@ -435,8 +435,11 @@ class Assembler:
         self.attribution.answers.ended(ev.task, ev.n_tokens, d.decode_end_us if answered and d else None)
         if d is not None and d.task == ev.task:
             d.truncated = ev.truncated
-            # an embedding prints no timings: it ended as it should unless cancelled
-            self._release(s, d, cancelled=d.generated_tokens is None and d.kind == "completion")
+            # cancelled or failed only by a line that says so (a running task's cancel line, logged
+            # before the cancel is posted, or its error line, both before its release): a release
+            # without timings and without either is an ending the log does not show (records'
+            # finish_reason "unknown"), never taken for a failure of the server
+            self._release(s, d, cancelled=False)
 
     def _release(self, s: _Slot, d: TaskDraft, cancelled: bool) -> None:
         d.end_us = self.clock.now

@@ -33,6 +33,7 @@ from ..records import (
     RESTORE_RESULTS,
     RequestRecord,
     avoidable_prefill_seconds,
+    ended_unanswered,
     finish_reason,
     kept_by_larger_cache,
 )
@@ -213,7 +214,8 @@ class RequestMetrics(_FamiliesCollector):
             "llamacpp_requests_finished",
             "Requests (tasks) that ended on a slot, by how, where the log states it: stop (an end of sequence, a stop "
             "word or the token limit), truncated (the context filled up), cancelled (the client went away while it "
-            "ran), failed (an error).",
+            "ran), failed (an error), unknown (no timings and no cancel or error line: the log does not show how "
+            "it ended, e.g. a build that stopped logging its timings; never counted as a failure).",
             ["model", "reason"],
             (FINISH_REASONS,),
         )
@@ -447,7 +449,7 @@ class RequestMetrics(_FamiliesCollector):
         if rec.conversation:
             exemplar["conversation"] = rec.conversation
         self.finished.add((model, finish_reason(rec)))
-        if (rec.cancelled or rec.failed) and rec.generated_tokens is None:
+        if ended_unanswered(rec):
             self.cancelled.add(key)
         else:
             self.requests.add(key)

@@ -25,6 +25,7 @@ from ..records import (
     RESTORE_RESULTS,
     RequestRecord,
     avoidable_prefill_seconds,
+    ended_unanswered,
     evicted_miss,
     kept_by_larger_cache,
 )
@@ -328,7 +329,7 @@ class ReportBuilder:
         self.epochs.add(r.epoch)
         # the live exporter's rules, so that analyze and the exporter count alike: a request
         # without a timings block is cancelled; tokens count where both prompt and reused are known
-        finished = not ((r.cancelled or r.failed) and r.generated_tokens is None)
+        finished = not ended_unanswered(r)
         if finished:
             self.finished += 1
             named = r.conversation_source in ("header", "lineage")
