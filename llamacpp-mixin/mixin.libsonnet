@@ -166,6 +166,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
       "window": "30m",
       "for": "0m",
     },
+    "exporter_blind": {
+      "window": "30m",
+      "share": 0.5,
+      "min_generated_tokens": 200,
+      "for": "10m",
+    },
     "diagnostics_unavailable": {
       "for": "30m",
     },
@@ -228,6 +234,27 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
           {
             "record": "job_instance_model:llamacpp_time_per_output_token_seconds:uncontended_baseline",
             "expr": "max without (contention) (job_instance_model_contention:llamacpp_time_per_output_token_seconds:mean" + $._config.prefill_contention.window + "{contention=\"none\"} >= 0)\nor\njob_instance_model:llamacpp_time_per_output_token_seconds:uncontended_mean" + $._config.prefill_contention.baseline_window + "\n",
+          },
+          {
+            "record": "job_instance_model_kind:llamacpp_exporter_log_tokens:share" + $._config.exporter_blind.window,
+            "expr": "sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_exporter_log_tokens_total{" + $._config.selector + ", kind=\"generated\"}[" + $._config.exporter_blind.window + "]))\n  / sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_server_tokens_predicted_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "]))\n",
+            "labels": {
+              "kind": "generated",
+            },
+          },
+          {
+            "record": "job_instance_model_kind:llamacpp_exporter_log_tokens:share" + $._config.exporter_blind.window,
+            "expr": "sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_exporter_log_tokens_total{" + $._config.selector + ", kind=~\"prompt_computed|prompt_cached\"}[" + $._config.exporter_blind.window + "]))\n  / (\n  sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_server_prompt_tokens_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "])) + sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_server_prompt_tokens_cached_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "]))\n  or\n  sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_server_prompt_tokens_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "]))\n)\n",
+            "labels": {
+              "kind": "prompt",
+            },
+          },
+          {
+            "record": "job_instance_model_kind:llamacpp_exporter_log_tokens:share" + $._config.exporter_blind.window,
+            "expr": "sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_exporter_log_tokens_total{" + $._config.selector + ", kind=\"prompt_cached\"}[" + $._config.exporter_blind.window + "]))\n  / sum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_server_prompt_tokens_cached_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "]))\n",
+            "labels": {
+              "kind": "prompt_cached",
+            },
           },
           {
             "record": "job_instance_model:llamacpp_prompt_cache_usage:ratio",
@@ -645,6 +672,19 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "summary": "llama-server logs lines of its slots, requests or prompt cache that the exporter does not know.",
               "description": "{{ $value | printf \"%.0f\" }} lines written by llama-server's {{ $labels.logger }} logger, function {{ $labels.function }}, on {{ $labels.instance }} were not recognised lately: a llama.cpp build reworded lines the diagnosis reads (the prompt-cache narrative, slot selection, the timings). Cache outcomes, restores and request records may be wrong until the exporter knows them.",
               "runbook_url": ($._config.runbook_url_pattern % "llamacppserverlogchanged"),
+            },
+          },
+          {
+            "alert": "LlamaCppExporterBlind",
+            "expr": "job_instance_model_kind:llamacpp_exporter_log_tokens:share" + $._config.exporter_blind.window + "{" + $._config.selector + "} < " + pyStr($._config.exporter_blind.share, true) + "\nand on (" + $._config.cluster_label + ", namespace, pod, job, instance, model)\nsum by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (increase(llamacpp_server_tokens_predicted_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "])) > " + pyStr($._config.exporter_blind.min_generated_tokens, false) + "\nunless on (" + $._config.cluster_label + ", namespace, pod, job, instance, model)\nmax by (" + $._config.cluster_label + ", namespace, pod, job, instance, model) (resets(llamacpp_exporter_log_tokens_total{" + $._config.selector + "}[" + $._config.exporter_blind.window + "])) > 0\n",
+            "for": $._config.exporter_blind["for"],
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "The exporter is blind: llama-server's log accounts for far less than the server did.",
+              "description": "The log read by the exporter on {{ $labels.instance }} accounts for {{ $value | humanizePercentage }} of the {{ $labels.kind }} tokens llama-server's own /metrics counted while it worked: the build's log changed, its verbosity dropped (below -lv 3 no timings, below -lv 4 no reused tokens), or the log read is not this server's. Requests, cache figures and alerts built on them are missing.",
+              "runbook_url": ($._config.runbook_url_pattern % "llamacppexporterblind"),
             },
           },
           {

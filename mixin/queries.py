@@ -102,6 +102,35 @@ def unparsed_lines(selector: str, by: str | None, window: str) -> str:
     return increase(LOG_LINES, selector, window, by, UNPARSED)
 
 
+LOG_TOKENS = "llamacpp_exporter_log_tokens_total"
+SERVER_PROMPT = "llamacpp_server_prompt_tokens_total"
+SERVER_CACHED = "llamacpp_server_prompt_tokens_cached_total"  # llama.cpp PR #26920 on (b11434 has it)
+SERVER_GENERATED = "llamacpp_server_tokens_predicted_total"
+
+
+def log_share(kind: str, selector: str, by: str, window: str) -> str:
+    """The share of llama-server's own token counters (its /metrics, re-exported) that the log
+    accounts for over the window: ``generated``; ``prompt``, computed and cached together (what
+    prompt_tokens_total counted before PR #26920, and it and prompt_tokens_cached_total since);
+    ``prompt_cached``, where the build counts it apart."""
+    if kind == "generated":
+        log, server = (
+            increase(LOG_TOKENS, selector, window, by, GENERATED),
+            increase(SERVER_GENERATED, selector, window, by),
+        )
+        return f"{log}\n  / {server}"
+    cached = increase(SERVER_CACHED, selector, window, by)
+    if kind == "prompt_cached":
+        return f"{increase(LOG_TOKENS, selector, window, by, CACHED)}\n  / {cached}"
+    prompt = increase(SERVER_PROMPT, selector, window, by)
+    log = increase(LOG_TOKENS, selector, window, by, PROMPT)
+    return f"{log}\n  / (\n  {prompt} + {cached}\n  or\n  {prompt}\n)"
+
+
+GENERATED, CACHED, PROMPT = 'kind="generated"', 'kind="prompt_cached"', 'kind=~"prompt_computed|prompt_cached"'
+LOG_SHARE_KINDS = ("generated", "prompt", "prompt_cached")
+
+
 UNRECOGNIZED_BY_FUNCTION = "llamacpp_exporter_log_lines_unrecognized_total"
 SERVER_CORE = 'logger=~"slot|srv|que|res"'  # the loggers of llama-server's slots, requests, cache and queue
 

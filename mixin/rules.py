@@ -120,6 +120,14 @@ def recording_rules(c: dict[str, Any]) -> dict[str, Any]:
                 f'{{contention="none"}} >= 0)\nor\njob_instance_model:llamacpp_time_per_output_token_seconds:uncontended_mean{w_base}'
             ),
         },
+        *(
+            {
+                "record": f"job_instance_model_kind:llamacpp_exporter_log_tokens:share{c['exporter_blind']['window']}",
+                "expr": expr(q.log_share(kind, s, by_model(c), c["exporter_blind"]["window"])),
+                "labels": {"kind": kind},
+            }
+            for kind in q.LOG_SHARE_KINDS
+        ),
         {
             "record": "job_instance_model:llamacpp_prompt_cache_usage:ratio",
             "expr": f"llamacpp_prompt_cache_bytes{{{s}}} / (llamacpp_prompt_cache_limit_bytes{{{s}}} > 0)",
@@ -500,7 +508,7 @@ up{{{s}}}
 def exporter_alerts(c: dict[str, Any]) -> list[dict[str, Any]]:
     """Whether the exporter sees what it should: the log, its parts, its files."""
     s = c["selector"]
-    ls, pd = c["log_stale"], c["log_parse_drift"]
+    ls, pd, eb = c["log_stale"], c["log_parse_drift"], c["exporter_blind"]
     exporter = [
         alert(
             "LlamaCppLogStale",
@@ -549,6 +557,24 @@ and
             "reworded lines the diagnosis reads (the prompt-cache narrative, slot "
             "selection, the timings). Cache outcomes, restores and request records may be wrong until the "
             "exporter knows them.",
+            c,
+        ),
+        alert(
+            "LlamaCppExporterBlind",
+            f"""
+job_instance_model_kind:llamacpp_exporter_log_tokens:share{eb["window"]}{{{s}}} < {eb["share"]}
+and on ({by_model(c)})
+{q.increase(q.SERVER_GENERATED, s, eb["window"], by_model(c))} > {eb["min_generated_tokens"]}
+unless on ({by_model(c)})
+max by ({by_model(c)}) (resets({q.LOG_TOKENS}{{{s}}}[{eb["window"]}])) > 0
+""",
+            eb["for"],
+            "warning",
+            "The exporter is blind: llama-server's log accounts for far less than the server did.",
+            "The log read by the exporter on {{ $labels.instance }} accounts for {{ $value | humanizePercentage }} "
+            "of the {{ $labels.kind }} tokens llama-server's own /metrics counted while it worked: the build's log "
+            "changed, its verbosity dropped (below -lv 3 no timings, below -lv 4 no reused tokens), or the log "
+            "read is not this server's. Requests, cache figures and alerts built on them are missing.",
             c,
         ),
         alert(

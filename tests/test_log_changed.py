@@ -115,3 +115,21 @@ def test_without_timing_lines_no_request_is_taken_for_a_failure(log: str, tmp_pa
     print(f"{log}: finished {was} with timing lines, {now} without")
     assert now.get("cancelled", 0) == was.get("cancelled", 0) and now.get("failed", 0) == was.get("failed", 0)
     assert now["unknown"] == was["stop"] + was.get("truncated", 0) > 0
+
+
+def test_the_log_accounts_for_every_token_the_servers_own_counters_counted() -> None:
+    """Recorded: a real llama-server's /metrics right after the workload whose log this is. The
+    tokens the log accounts for (llamacpp_exporter_log_tokens_total) are the server's own."""
+    _, _, exposition = counts(LOGS / "lv4-np2-jsonl.log")
+    server = {}
+    for line in (LOGS / "lv4-np2-jsonl.server-metrics.txt").read_text().splitlines():
+        if line.startswith("llamacpp:") and " " in line:
+            name, value = line.split(" ", 1)
+            server[name] = float(value)
+    log = {dict(k)["kind"]: v for k, v in samples(exposition, "llamacpp_exporter_log_tokens_total").items()}
+    print(f"log {log}; server {server}")
+    assert log == {
+        "prompt_computed": server["llamacpp:prompt_tokens_total"],
+        "prompt_cached": server["llamacpp:prompt_tokens_cached_total"],
+        "generated": server["llamacpp:tokens_predicted_total"],
+    }

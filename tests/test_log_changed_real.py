@@ -1,9 +1,13 @@
-"""A build that rewords what the diagnosis reads, live: a real llama-server runs the LoRA
-workload, and exporters follow its log as it is written, one as it is, the others through a
-command that rewords the RAM-cache narrative or the timing lines (INVENTED wording, as an
-upstream change would write them). A real Prometheus with the shipped rules scrapes them all:
+"""A build that rewords what the diagnosis reads, or drops it, live: a real llama-server runs the
+LoRA workload and chat clients, and exporters follow its log as it is written, one as it is,
+the others through a command that rewords the RAM-cache narrative or the timing lines (INVENTED
+wording, as an upstream change would write them), or drops the timing lines (a build that moves
+them to debug level). A real Prometheus with the shipped rules scrapes them all:
 LlamaCppServerLogChanged fires for the reworded ones, by the function that wrote the lines, and
-for nothing else; every reworded line is counted, none is ignored."""
+for nothing else; every reworded line is counted, none is ignored. Without the timing lines
+nothing is unrecognized, but the log accounts for none of the tokens the server's /metrics
+counted: LlamaCppExporterBlind's condition holds for that exporter alone, and no request is
+taken for a failure."""
 
 from __future__ import annotations
 
@@ -14,10 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from promql import RULE_FILES, Prometheus
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files, wait_for
 from support import samples
-from workload import seed_scenario
+from workload import chat_workload, seed_scenario
 
 pytestmark = pytest.mark.real_server
 
@@ -50,6 +55,8 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     for name, (seds, _, _) in REWORDED.items():
         cmd = f"tail -n +1 -F {shlex.quote(str(server.log_path))} | sed -u " + " ".join(f"-e '{e}'" for e in seds)
         exporters[name] = ExporterProcess([*base, "--llama.log-command", cmd], work / name).start()
+    dropped = f"tail -n +1 -F {shlex.quote(str(server.log_path))} | sed -u -e '/print_timing/d'"
+    exporters["no timings"] = ExporterProcess([*base, "--llama.log-command", dropped], work / "no-timings").start()
     prom = Prometheus(
         work / "prometheus",
         {
@@ -66,6 +73,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     try:
         prom.wait_scraped(len(exporters))
         sent = seed_scenario(server.url, seed=7) + seed_scenario(server.url, seed=8)
+        sent += chat_workload(server.url, n_convs=4, turns=3, seed=5, max_tokens=24)  # 288 tokens generated
         wanted = len(sent)
 
         def recorded(e: ExporterProcess) -> float:
@@ -114,3 +122,32 @@ def test_reworded_lines_are_counted_by_function_and_page(run: dict[str, Any], wh
     assert set(by_function) == functions and sum(by_function.values()) == changed
     instance = f"127.0.0.1:{e.port}"
     wait_for(lambda: firing(prom).get(instance) == functions, f"LlamaCppServerLogChanged for {functions}", timeout=60)
+
+
+def blind_condition(prom: Prometheus) -> dict[str, set[str]]:
+    """LlamaCppExporterBlind's expression as shipped (without its 10 minutes), by instance: the kinds."""
+    rules = yaml.safe_load(next(f for f in RULE_FILES if f.name == "llamacpp-alerts.yaml").read_text())
+    (rule,) = [r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "LlamaCppExporterBlind"]
+    out: dict[str, set[str]] = {}
+    for r in prom.query(rule["expr"])["data"]["result"]:
+        out.setdefault(r["metric"]["instance"], set()).add(r["metric"]["kind"])
+    return out
+
+
+def finished(e: ExporterProcess) -> dict[str, float]:
+    got = samples(httpx.get(e.url + "/metrics", timeout=10).text, "llamacpp_requests_finished_total")
+    return {dict(k)["reason"]: v for k, v in got.items()}
+
+
+def test_without_timing_lines_the_exporter_knows_it_is_blind(run: dict[str, Any]) -> None:
+    blind, seeing, prom = run["exporters"]["no timings"], run["exporters"]["as is"], run["prom"]
+    assert unrecognized(blind) == {}  # nothing unknown: the lines are simply not there
+    # no request is taken for a failure: their endings are unknown
+    ended = finished(blind)
+    assert ended["unknown"] == sum(finished(seeing).values()) > 0 and ended["failed"] == ended["cancelled"] == 0
+    wait_for(lambda: "generated" in blind_condition(prom).get(f"127.0.0.1:{blind.port}", set()), "blind", timeout=60)
+    shares = prom.query("job_instance_model_kind:llamacpp_exporter_log_tokens:share30m")["data"]["result"]
+    by = {(r["metric"]["instance"], r["metric"]["kind"]): float(r["value"][1]) for r in shares}
+    print("the log's share of the server's tokens:", by)
+    assert f"127.0.0.1:{seeing.port}" not in blind_condition(prom)
+    assert all(by[(f"127.0.0.1:{seeing.port}", k)] > 0.9 for k in ("generated", "prompt", "prompt_cached"))

@@ -43,6 +43,7 @@ EXPECTED_EMPTY = {
     "rule LlamaCppLogStale": "the exporters read the log",
     "rule LlamaCppLogParseDrift": "every line of this build is recognised",
     "rule LlamaCppServerLogChanged": "every line of this build is recognised",
+    "rule LlamaCppExporterBlind": "each exporter's log accounts for its server's tokens",
     "rule LlamaCppCacheDiagnosticsUnavailable": "every server runs at -lv 4",
     "rule LlamaCppServerLoadingTooLong": "no server is loading",
     "rule LlamaCppExporterAbsent": "the exporters are scraped",

@@ -49,6 +49,8 @@ LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "o
 # (logger, function) pairs of unrecognized lines kept apart; past this many a new pair counts as
 # (logger, "other"): function names come from the log, and a label's values must stay few
 MAX_UNRECOGNIZED_KINDS: Final = 64
+# what the log accounts for, in the order of llamacpp_exporter_log_tokens_total's kinds
+LOG_TOKEN_KINDS: Final = ("prompt_computed", "prompt_cached", "generated")
 # how a request's conversation was found (records.JoinSource), or none for an embedding task
 CONVERSATION_SOURCES: Final = ("header", "lineage", "uncertain", "none")
 
@@ -613,6 +615,16 @@ class LogMetrics:
             "llamacpp_exporter_log_lines_total as read; its event is skipped.",
             registry=r,
         )
+        self.log_tokens = Counter(
+            "llamacpp_exporter_log_tokens",
+            "Tokens the log accounts for, by kind, of every task that ended (child tasks of n > 1 requests and "
+            "embeddings too): prompt_computed (its timings, or its prompt less what it reused), prompt_cached "
+            "(reused from the slot or the RAM cache, where known), generated (its timings). Compare with "
+            "llama-server's own counters (llamacpp_server_prompt_tokens_total, _prompt_tokens_cached_total, "
+            "_tokens_predicted_total): far less means the exporter is blind (LlamaCppExporterBlind).",
+            ["model", "kind"],
+            registry=r,
+        )
         self.out_of_order = Counter(
             "llamacpp_exporter_log_lines_out_of_order",
             "Lines whose timestamp went back without a restart (a stray line): counted at the current time.",
@@ -637,6 +649,8 @@ class LogMetrics:
             k.labels(model)
         for k in (self.arrivals_dropped, self.restarts, self.out_of_order):
             k.labels(model)
+        for kind in LOG_TOKEN_KINDS:
+            self.log_tokens.labels(model, kind)
         self.debug_logging.labels(model)
         self.diag_available.labels(model).set(-1)
         self.verbosity.labels(model).set(-1)
@@ -662,6 +676,11 @@ class LogMetrics:
         ):
             try:
                 g.remove(model)
+            except KeyError:
+                pass
+        for kind in LOG_TOKEN_KINDS:
+            try:
+                self.log_tokens.remove(model, kind)
             except KeyError:
                 pass
         self._cache_series.pop(model, None)
@@ -748,6 +767,11 @@ class LogMetrics:
     def out_of_order_lines(self, model: str, n: int) -> None:
         self.out_of_order.labels(model).inc(n)
 
+    def tokens_accounted(self, model: str, computed: int | None, cached: int | None, generated: int | None) -> None:
+        for kind, n in zip(LOG_TOKEN_KINDS, (computed, cached, generated), strict=True):
+            if n:
+                self.log_tokens.labels(model, kind).inc(n)
+
     def diagnostics(self, model: str, available: bool, verbosity: int | None) -> None:
         self.diag_available.labels(model).set(1 if available else 0)
         if verbosity is not None:
@@ -788,6 +812,9 @@ class ModelMetrics:
 
     def out_of_order_lines(self, n: int) -> None:
         self.log.out_of_order_lines(self.model, n)
+
+    def tokens_accounted(self, computed: int | None, cached: int | None, generated: int | None) -> None:
+        self.log.tokens_accounted(self.model, computed, cached, generated)
 
     def conversation_arrival_dropped(self) -> None:
         self.log.conversation_arrival_dropped(self.model)
