@@ -4191,6 +4191,134 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
             "y": 80,
           },
         },
+        {
+          "type": "timeseries",
+          "title": "The log's share of the server's tokens",
+          "description": "Of the tokens llama-server's own /metrics counted (needs --metrics), the share the log accounts for over the last 15 minutes, by kind: generated, prompt (computed and reused), prompt cached. Near 100%: the exporter sees what the server does. Under half while the server works: it is blind (its log changed, its verbosity dropped, or the log is another's): LlamaCppExporterBlind.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "fieldConfig": {
+            "defaults": {
+              "unit": "percentunit",
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+              },
+              "min": 0,
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "list",
+              "placement": "bottom",
+              "showLegend": true,
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "sum by (instance, model) (increase(llamacpp_exporter_log_tokens_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", kind=\"generated\"}[15m]))\n  / sum by (instance, model) (increase(llamacpp_server_tokens_predicted_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[15m]))",
+              "legendFormat": "{{instance}} {{model}} generated",
+              "refId": "A",
+              "exemplar": false,
+              "range": true,
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "sum by (instance, model) (increase(llamacpp_exporter_log_tokens_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", kind=~\"prompt_computed|prompt_cached\"}[15m]))\n  / (\n  sum by (instance, model) (increase(llamacpp_server_prompt_tokens_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[15m])) + sum by (instance, model) (increase(llamacpp_server_prompt_tokens_cached_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[15m]))\n  or\n  sum by (instance, model) (increase(llamacpp_server_prompt_tokens_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[15m]))\n)",
+              "legendFormat": "{{instance}} {{model}} prompt",
+              "refId": "B",
+              "exemplar": false,
+              "range": true,
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "sum by (instance, model) (increase(llamacpp_exporter_log_tokens_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", kind=\"prompt_cached\"}[15m]))\n  / sum by (instance, model) (increase(llamacpp_server_prompt_tokens_cached_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[15m]))",
+              "legendFormat": "{{instance}} {{model}} prompt_cached",
+              "refId": "C",
+              "exemplar": false,
+              "range": true,
+            },
+          ],
+          "id": 44,
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 88,
+          },
+        },
+        {
+          "type": "timeseries",
+          "title": "Unrecognized lines by function",
+          "description": "Lines of llama-server's own loggers the exporter does not know, per second, by logger and the function that wrote them: which part of the server changed its log (LlamaCppServerLogChanged). Empty on every tested build.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "fieldConfig": {
+            "defaults": {
+              "unit": "suffix: lines/s",
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+              },
+              "min": 0,
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "list",
+              "placement": "bottom",
+              "showLegend": true,
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "sum by (logger, function) (rate(llamacpp_exporter_log_lines_unrecognized_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[$__rate_interval]))",
+              "legendFormat": "{{logger}} {{function}}",
+              "refId": "A",
+              "exemplar": false,
+              "range": true,
+            },
+          ],
+          "id": 45,
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 88,
+          },
+        },
       ],
     },
     "llamacpp-prompt-cache.json": {

@@ -569,6 +569,40 @@ def exporter_health(lay: Layout) -> None:
         8,
         8,
     )
+    w_share = "15m"  # the alert's half hour is steadier; a quarter is the dashboards' window
+    lay.add(
+        timeseries(
+            "The log's share of the server's tokens",
+            "Of the tokens llama-server's own /metrics counted (needs --metrics), the share the log accounts for "
+            "over the last 15 minutes, by kind: generated, prompt (computed and reused), prompt cached. Near 100%: "
+            "the exporter sees what the server does. Under half while the server works: it is blind (its log "
+            "changed, its verbosity dropped, or the log is another's): LlamaCppExporterBlind.",
+            "percentunit",
+            [
+                (q.log_share(k, P.S, "instance, model", w_share), "{{instance}} {{model}} " + k)
+                for k in q.LOG_SHARE_KINDS
+            ],
+        ),
+        12,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Unrecognized lines by function",
+            "Lines of llama-server's own loggers the exporter does not know, per second, by logger and the "
+            "function that wrote them: which part of the server changed its log (LlamaCppServerLogChanged). "
+            "Empty on every tested build.",
+            "suffix: lines/s",
+            [
+                (
+                    f"sum by (logger, function) (rate(llamacpp_exporter_log_lines_unrecognized_total{{{P.S}}}[{RI}]))",
+                    "{{logger}} {{function}}",
+                )
+            ],
+        ),
+        12,
+        8,
+    )
 
 
 def overview() -> dict[str, Any]:
