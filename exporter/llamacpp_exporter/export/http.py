@@ -357,6 +357,9 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 
     def _close_lingering(self, conn: socket.socket) -> None:
         self._lingering.pop(conn, None)
+        self._close(conn)
+
+    def _close(self, conn: socket.socket) -> None:
         try:
             self._selector.unregister(conn)
         except (KeyError, ValueError):
@@ -377,11 +380,7 @@ class ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
 
     def _close_waiting(self, conn: socket.socket, reason: str | None = None) -> None:
         self._waiting.pop(conn, None)
-        try:
-            self._selector.unregister(conn)
-        except (KeyError, ValueError):
-            pass
-        conn.close()
+        self._close(conn)
         if reason is not None:
             self.closed[reason] += 1
 
