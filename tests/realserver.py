@@ -36,10 +36,26 @@ def free_port() -> int:
         return port
 
 
-def llama_server_binary() -> Path:
+# llama-server b11549, as the tests build it besides the test command's b11434: as released, and
+# with the LoRA comparison after a restore fixed (tests/setup/patches)
+B11549 = "xllamacpp==2026.10.11549"
+LORA_FIX = ROOT / "tests/setup/patches/xllamacpp-2026.10.11549-lora-restore-fix.patch"
+
+
+def llama_server_binary(sdist: str | None = None, patch: Path | None = None) -> Path:
+    """The test command's llama-server (b11434), or another sdist's, patched or not; built once."""
+    env = dict(os.environ)
+    if sdist is not None:
+        env["LLAMA_SERVER_SDIST"] = sdist
+    if patch is not None:
+        env["LLAMA_SERVER_PATCH"] = str(patch)
     out = (
         subprocess.run(
-            ["bash", str(ROOT / "tests/setup/build_llama_server.sh")], check=True, stdout=subprocess.PIPE, text=True
+            ["bash", str(ROOT / "tests/setup/build_llama_server.sh")],
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         .stdout.strip()
         .splitlines()[-1]

@@ -56,15 +56,16 @@ def completion(client: httpx.Client, prompt: str, lora: bool, n_predict: int = 4
     return answer
 
 
-def seed_scenario(url: str, seed: int = 7) -> list[Truth]:
-    """The seed's three requests on one slot: A with LoRA, B without, A + more with LoRA."""
+def seed_scenario(url: str, seed: int = 7, then_lora: bool = True) -> list[Truth]:
+    """The seed's three requests on one slot: A with LoRA, B without, A + more with LoRA (or,
+    ``then_lora`` False, without: A's restored entry was computed under another adapter)."""
     rng = random.Random(seed)
     a = text(rng, 130)
     b = text(random.Random(seed + 1), 110)
     more = text(rng, 3)
     out: list[Truth] = []
     with httpx.Client(base_url=url) as c:
-        for conv, prompt, lora in (("A", a, True), ("B", b, False), ("A", a + " " + more, True)):
+        for conv, prompt, lora in (("A", a, True), ("B", b, False), ("A", a + " " + more, then_lora)):
             t0 = time.time()
             res = completion(c, prompt, lora)
             out.append(_truth(conv, len(out), lora, res["timings"], t0))

@@ -55,5 +55,10 @@ for pkg in prometheus-operator@6.0.0 grafana-operator@3.0.0; do
 done
 
 PYTHON="$ROOT/.venv/bin/python" bash "$ROOT/tests/setup/build_llama_server.sh" >/dev/null
+# b11549 as released and with the LoRA comparison fixed (tests/test_lora_fixed_real.py)
+for patch in "" "$ROOT/tests/setup/patches/xllamacpp-2026.10.11549-lora-restore-fix.patch"; do
+  LLAMA_SERVER_SDIST=xllamacpp==2026.10.11549 LLAMA_SERVER_PATCH="$patch" PYTHON="$ROOT/.venv/bin/python" \
+    bash "$ROOT/tests/setup/build_llama_server.sh" >/dev/null
+done
 "$ROOT/.venv/bin/python" "$ROOT/tests/setup/make_model.py" "$CACHE/models" >/dev/null
 echo "setup: ready (llama-server, model and adapter cached in $CACHE)" >&2
