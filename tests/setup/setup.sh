@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the tests and the demo need, on a fresh Debian machine, idempotent:
 # Debian packages (promtool, a C++ toolchain), the Python environment (.venv), the
-# llama-server build (cached under ~/.cache/llamacpp-exporter, about 5 minutes the first
-# time), the model and the LoRA adapter.
+# llama-server builds (cached under ~/.cache/llamacpp-exporter, about 5 minutes each the first
+# time: b11434, and b11549 as released and with the LoRA comparison fixed), the model and the
+# LoRA adapter.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 CACHE="${LLAMACPP_EXPORTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llamacpp-exporter}"
@@ -15,6 +16,7 @@ command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v g++ >/dev/null || missing+=(g++)
 command -v make >/dev/null || missing+=(make)
+command -v patch >/dev/null || missing+=(patch)                    # the tests' b11549 with the LoRA comparison fixed
 command -v docker-compose >/dev/null || missing+=(docker-compose)  # `config` validates the compose files, no engine
 command -v busybox >/dev/null || missing+=(busybox)                # runs deploy/logrotate/rotate.sh as its image does
 command -v openssl >/dev/null || missing+=(openssl)                # certificates for the TLS test
