@@ -133,3 +133,13 @@ def test_the_log_accounts_for_every_token_the_servers_own_counters_counted() -> 
         "prompt_cached": server["llamacpp:prompt_tokens_cached_total"],
         "generated": server["llamacpp:tokens_predicted_total"],
     }
+
+
+def test_a_line_without_the_servers_prefix_keeps_no_word_of_it(tmp_path: Path) -> None:
+    """INVENTED: a log written with --no-log-prefix at -lv 5, where a prompt's own line is shaped
+    like a server line: counted, and its would-be function (a word of the prompt) is not kept."""
+    log = tmp_path / "no-prefix.log"
+    log.write_text("srv  secretword12: my account number is 1234\n")
+    lines, by_function, exposition = counts(log)
+    assert lines["unrecognized"] == 1 and by_function == {("srv", "other"): 1}
+    assert "secretword12" not in exposition

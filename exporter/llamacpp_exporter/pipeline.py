@@ -271,7 +271,9 @@ class Pipeline:
         elif kind is parse.Unrecognized:
             ev = parsed.event
             if isinstance(ev, parse.Unrecognized):  # it is (kind): for the type checker
-                m.unrecognized(ev.logger, ev.function)
+                # a line without the server's prefix may be a client's text shaped like a server
+                # line (a prompt's line at -lv 5, logged with --no-log-prefix): no word of it is kept
+                m.unrecognized(ev.logger, "other" if parsed.bare else ev.function)
         elif kind is parse.Unreadable:
             m.unreadable_lines += 1
         else:
