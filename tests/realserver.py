@@ -175,7 +175,9 @@ class LlamaServer:
             *self.extra,
         ]
         if self.lora is not None:
-            cmd[3:3] = ["--lora", str(self.lora), "--lora-init-without-apply"]
+            # global scale 0: a request without a lora list runs without the adapter (with --lora
+            # FILE --lora-init-without-apply alone it would run at 1.0, whatever the README says)
+            cmd[3:3] = ["--lora-scaled", f"{self.lora}:0", "--lora-init-without-apply"]
         if self.cpus is not None:
             cmd = ["taskset", "-c", self.cpus, *cmd]
         if self.jsonl:
@@ -259,6 +261,21 @@ class ExporterProcess:
         wait_for(
             lambda: "following " in self.stderr_path.read_text(), f"the exporter following its log ({self.stderr_path})"
         )
+
+    def wait_polled(self, endpoint: str = "lora-adapters", times: int = 2, timeout: float = 30.0) -> None:
+        """Until the exporter has polled the endpoint ``times`` more times (its last-success
+        gauge moved): e.g. the global LoRA scales known and settled before a workload starts."""
+        seen: list[float] = []
+
+        def moved() -> bool:
+            for line in self.metrics_text().splitlines():
+                if line.startswith(f'llamacpp_exporter_last_success_timestamp_seconds{{endpoint="{endpoint}"'):
+                    value = float(line.rsplit(" ", 1)[1])
+                    if not seen or value != seen[-1]:
+                        seen.append(value)
+            return len(seen) > times
+
+        wait_for(moved, f"the exporter polling {endpoint} {times} times", timeout, 0.1, ignore=(httpx.HTTPError,))
 
     def lines_processed(self) -> int:
         return sum(

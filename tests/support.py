@@ -174,7 +174,7 @@ def samples(text: str, name: str) -> dict[tuple[Any, ...], float]:
 
 
 def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterProcess:
-    return ExporterProcess(
+    exp = ExporterProcess(
         [
             "--llama.url",
             server.url,
@@ -189,6 +189,8 @@ def start_exporter(server: LlamaServer, workdir: Path, *extra: str) -> ExporterP
         ],
         workdir,
     ).start()
+    exp.wait_polled()  # the global LoRA scales known before the workload starts
+    return exp
 
 
 def wait_records(path: Path, n: int, timeout: float = 30.0) -> list[dict[str, Any]]:

@@ -67,7 +67,8 @@ def snapshot(
 
 def test_seed_scenario_with_slots_classifies_the_discard_as_wrongful() -> None:
     """Replay the recorded seed scenario with the /slots answers the poller would have
-    delivered (tasks 0 and 12 sent lora scale 0.5, task 6 none)."""
+    delivered (tasks 0 and 12 sent lora scale 0.5, task 6 none: it ran with the global scale,
+    1.0 on the server recorded)."""
     recs: list[RequestRecord] = []
     pl = Pipeline(CollectorRegistry(), on_record=recs.append, slots_polled=True, clock=lambda: 0.0)
     pl.process_adapters(__import__("llamacpp_exporter.records", fromlist=["LoraAdapters"]).LoraAdapters(((0, 1.0),)))
@@ -81,11 +82,35 @@ def test_seed_scenario_with_slots_classifies_the_discard_as_wrongful() -> None:
         pl.process_snapshot(snapshot(0, 12, lora[12], processing=False))
     pl.flush()
     assert [r.task for r in recs] == [0, 6, 12]
-    assert [r.lora for r in recs] == ["active", "none", "active"]
+    assert [r.lora for r in recs] == ["active", "active", "active"]
     third = recs[2]
     assert third.restore_result == "discarded_lora_wrongful"
     assert third.restored_entry_lora_config == third.lora_config == "0:0.5"
     assert recs[1].lora_config == "0:1"  # no lora field: the global list applies
+
+
+def test_a_global_scale_logged_by_post_lora_adapters_labels_requests_without_a_list() -> None:
+    """The seed scenario with an INVENTED line (b11434's wording and layout, recorded after a POST
+    /lora-adapters at -lv 4) before task 6 (which sent no lora list): it runs without the adapter, and is labelled so without
+    any /lora-adapters poll; a restart forgets the scale (the new process has its own)."""
+    lines = log_lines("lv4-np1-seed-scenario.log")
+    at = next(i for i, line in enumerate(lines) if "| task 6 |" in line)
+    stamp = lines[at].split(" ", 1)[0]
+    lines[at:at] = [f"{stamp} I srv  process_sing: set lora adapter idx=0 scale=0.000000"]
+    recs: list[RequestRecord] = []
+    pl = Pipeline(CollectorRegistry(), on_record=recs.append, slots_polled=True, clock=lambda: 0.0)
+    lora = {0: ((0, 0.5),), 6: (), 12: ((0, 0.5),)}
+    for line in lines + log_lines("lv4-np1-seed-scenario.log"):
+        pl.process_line(line, 0.0)
+        ev = p.parse_line(line).event
+        if isinstance(ev, p.TaskLaunched):
+            pl.process_snapshot(snapshot(0, ev.task, lora[ev.task]))
+    for _ in range(3):
+        pl.process_snapshot(snapshot(0, 12, lora[12], processing=False))
+    pl.flush()
+    assert [(r.epoch, r.task) for r in recs] == [(0, 0), (0, 6), (0, 12), (1, 0), (1, 6), (1, 12)]
+    assert [r.lora for r in recs] == ["active", "none", "active", "active", "unknown", "active"]
+    assert recs[1].lora_config == "none" and recs[4].lora_config == "global"
 
 
 def test_restart_starts_a_new_epoch_and_joins_nothing_across_it() -> None:

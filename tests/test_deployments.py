@@ -248,10 +248,12 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
     print(f"router: {len(pairs)} of {len(rows)} responses matched to their model's record")
     assert len(pairs) == 12
     assert not any(r["cancelled"] for r in recs)
-    # /slots polled per loaded model: the LoRA of the requests is known (none), never wrong; one
-    # short request may end before a poll sees it (a busy machine: 1 in 10 runs here), unknown then
+    # /slots and /lora-adapters polled per loaded model: the requests ran without an adapter
+    # (none), never taken for active; a request that ended before a poll saw it, or launched
+    # before its model's process was first polled (a model loaded by that request), is unknown
     loras = [r["lora"] for _, r in pairs]
-    assert set(loras) <= {"none", "unknown"} and loras.count("unknown") <= 1, loras
+    print(f"router: lora of the requests {loras}")
+    assert set(loras) <= {"none", "unknown"} and loras.count("none") >= len(loras) // 2, loras
     restarts = samples(text, "llamacpp_exporter_server_restarts_total")
     assert restarts and not any(restarts.values()), restarts
     loads = samples(text, "llamacpp_router_model_loads_total")
@@ -260,6 +262,19 @@ def test_real_router_with_two_models_in_use_matches_every_response_to_its_model(
     assert exits[(("model", "beta"), ("result", "ok"))] == 1 and exits[(("model", "alpha"), ("result", "ok"))] == 0
     # llama-server's own /metrics of each model, re-exported with its model
     assert _server_metric_models(text) == {"alpha", "beta"}
+
+
+def test_choices_of_n_gt_1_are_read_from_the_launch_lines_alone() -> None:
+    """The recorded mixed log without the TRACE line that names an n > 1 request's parent task
+    (INVENTED by deletion: -lv 3 does not log it): the request launches its children, then its
+    parent, one after the other (launch_slots_with_parent_task), so the parent's record still
+    counts every choice."""
+    lines = [line for line in log_lines("lv4-np2-mixed-kinds.log") if "launching slots for parent" not in line]
+    assert len(lines) < len(log_lines("lv4-np2-mixed-kinds.log"))
+    recs, _ = replay_records(lines)
+    chats = [t for t in truths("lv4-np2-mixed-kinds.truth.jsonl") if t["kind"] == "completion"]
+    with_choices = sorted(r.choices for r in recs if r.choices > 1)
+    assert with_choices == sorted(t["choices"] for t in chats if t["choices"] > 1) and with_choices
 
 
 def _server_metric_models(text: str) -> set[str | None]:

@@ -39,8 +39,11 @@ class Calls:
         (None, ((0, 1.0),), None, "unknown"),  # /slots never showed the task
         (((0, 0.5),), ((0, 1.0),), "0:0.5", "active"),  # a list replaces the global scales
         (((0, 0.0),), ((0, 1.0),), "none", "none"),
-        ((), ((0, 1.0),), "0:1", "none"),  # an empty list leaves the global scales in force
-        ((), None, "global", "none"),  # ... which are not known yet
+        # an empty list leaves the global scales in force: the adapter runs at 1.0 (measured on
+        # b11434 started with --lora-init-without-apply: the same tokens as scale 1.0)
+        ((), ((0, 1.0),), "0:1", "active"),
+        ((), ((0, 0.0),), "none", "none"),  # after POST /lora-adapters [{"id": 0, "scale": 0}]
+        ((), None, "global", "unknown"),  # ... which are not known yet
         (((1, 0.5), (0, 0.25)), None, "0:0.25,1:0.5", "active"),  # sorted by adapter
     ],
 )
@@ -51,9 +54,43 @@ def test_lora_config_compares_as_the_server_does(
     label: str,
 ) -> None:
     t = LoraTracker()
-    t.global_scales = global_scales
-    assert t.config(request_scales) == config
-    assert state(request_scales) == label
+    if global_scales is not None:
+        t.polled(global_scales, catching_up=False)
+    t.launched((0, 1))
+    assert t.config_of((0, 1), request_scales) == config
+    assert state(t.config_of((0, 1), request_scales)) == label
+
+
+def test_global_scales_are_those_at_a_tasks_launch_and_unknown_around_a_change_a_poll_found() -> None:
+    t = LoraTracker()
+    one, quarter = ((0, 1.0),), ((0, 0.25),)
+    t.polled(one, catching_up=False)
+    t.launched((0, 1))  # launched under 1.0
+    t.polled(one, catching_up=False)
+    t.launched((0, 2))  # the POST came after this launch, or before it: the next poll cannot tell
+    t.polled(quarter, catching_up=False)
+    t.launched((0, 3))  # the answer may have come before a launch line written earlier was read
+    t.polled(quarter, catching_up=False)
+    t.launched((0, 4))
+    assert [t.config_of((0, k), ()) for k in (1, 2, 3, 4)] == ["0:1", "global", "global", "0:0.25"]
+    # the log's own line is exact at its place: no task around it is in doubt
+    t.global_scale_set(0, 0.0)
+    t.launched((0, 5))
+    assert [t.config_of((0, k), ()) for k in (4, 5)] == ["0:0.25", "none"]
+    t.polled(((0, 0.0),), catching_up=False)  # agrees with the log: no change
+    t.launched((0, 6))
+    assert t.config_of((0, 6), ()) == "none"
+    # a poll while the log is read from behind says nothing of the tasks read meanwhile
+    t.polled(((0, 0.0),), catching_up=True)
+    t.launched((0, 7))
+    assert t.config_of((0, 7), ()) == "global"
+    # a new server process: its own scales, unknown until polled (or logged)
+    t.new_process()
+    t.launched((1, 1))
+    t.polled(one, catching_up=False)
+    t.launched((1, 2))
+    assert [t.config_of((1, k), ()) for k in (1, 2)] == ["global", "0:1"]
+    assert t.config_of((1, 2), ((0, 0.5),)) == "0:0.5"  # a list of its own replaces them
 
 
 def test_lora_per_task_is_bounded_and_keeps_the_newest() -> None:

@@ -286,6 +286,18 @@ class SamplerChainSet(_EventBase):
         self.slot = slot
 
 
+class GlobalLoraScale(_EventBase):
+    """``set lora adapter idx=N scale=S`` (TRACE): POST /lora-adapters set adapter N's global
+    scale, the one a request without a ``lora`` list runs with from its next launch on."""
+
+    _fields = ("adapter", "scale")
+    __slots__ = _fields
+
+    def __init__(self, adapter: int, scale: float) -> None:
+        self.adapter = adapter
+        self.scale = scale
+
+
 class ChildTasksLaunched(_EventBase):
     """``launching slots for parent task id_task = N with K child tasks``: an n > 1 request,
     one parent task and K children that copy its prompt state (one request, K + 1 choices)."""
@@ -569,6 +581,7 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     CacheEvicted,
     CacheRestoreFailed,
     LoraCacheCleared,
+    GlobalLoraScale,
     SamplerChainSet,
     ChildTasksLaunched,
     TaskLaunched,
@@ -679,6 +692,7 @@ _RE_CACHE_LIMIT: Final = re.compile(r"prompt cache is enabled, size limit: (-?\d
 _RE_CANCEL: Final = re.compile(r"cancel task, id_task = (\d+)")
 _RE_SEND_ERROR: Final = re.compile(r"task id = (\d+), error: ")
 _RE_LAUNCH_FAILED: Final = re.compile(r"failed to launch slot with (?:parent )?task, id_task = (\d+)")
+_RE_SET_LORA: Final = re.compile(r"set lora adapter idx=(\d+) scale=(-?[0-9.]+(?:e[-+]?\d+)?)")
 _RE_PARENT: Final = re.compile(r"launching slots for parent task id_task = (\d+) with (\d+) child tasks")
 _MODEL_NAME: Final = r"(\S{1,256})"
 _RE_SPAWNED: Final = re.compile(r"spawning server instance with name=" + _MODEL_NAME + r" on port (\d{1,5})$")
@@ -721,7 +735,7 @@ _SRV_IGNORED_STARTS: Final = (
     "purging slot ", "control ", "invalid stop-timeout", "failed to get stdout/stderr",
     "failed to parse child state update", "failed to initialize router models", "failed to load models on startup",
     # requests and errors the records learn otherwise (a task's failure: its missing timing lines)
-    "set lora adapter", "http client error", "unauthorized: ", "ignoring client-provided stream field",
+    "http client error", "unauthorized: ", "ignoring client-provided stream field",
     "unsupported Responses tool type", "downloading image from", "loading image from local file", "got exception",
     "got another exception", "no tokens to decode", "decode() failed", "pre_decode() failed", "post_decode() failed",
     "failed to find free space in the KV cache", "failed to process speculative batch", "unsupported batch.",
@@ -979,6 +993,10 @@ def _srv_event(msg: str) -> Event:
         m = _RE_LAUNCH_FAILED.match(msg)
         if m:
             return TaskLaunchFailed(int(m.group(1)))
+    if msg.startswith("set lora adapter"):
+        m = _RE_SET_LORA.match(msg)
+        if m:
+            return GlobalLoraScale(int(m.group(1)), float(m.group(2)))
     if msg.startswith("launching slots for parent"):
         m = _RE_PARENT.match(msg)
         if m:

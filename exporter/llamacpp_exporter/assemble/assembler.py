@@ -82,6 +82,9 @@ class Assembler:
         if model:
             self.attribution.lineage_scope = f"lineage:{model}:"
         self._choices: dict[int, int] = {}  # parent task -> choices of its n > 1 request
+        # child tasks launched since the last other launch: an n > 1 request launches its
+        # children, then its parent, in one go (launch_slots_with_parent_task), at any verbosity
+        self._children_launched = 0
         self._sampler_lines = False  # this log shows "sampler chain" (TRACE) at each completion's launch
         self._own_handlers: dict[type, Callable[[Any], None]] = {  # the cache's and the join's: per epoch
             p.ServerStarting: self._on_server_starting,
@@ -96,6 +99,7 @@ class Assembler:
             p.SlotPromptCleared: self._on_slot_prompt_cleared,
             p.SamplerChainSet: self._on_sampler_set,
             p.ChildTasksLaunched: self._on_child_tasks,
+            p.GlobalLoraScale: self._on_global_lora_scale,
             p.TaskLaunched: self._on_task_launched,
             p.NewPrompt: self._on_new_prompt,
             p.CachedTokens: self._on_cached_tokens,
@@ -128,13 +132,15 @@ class Assembler:
             p.RequestParamsRead: att.params_read,
             p.SlotBusy: att.slot_busy,
             p.AllSlotsIdle: att.all_slots_idle,
-            p.TaskLaunchFailed: att.launch_failed,
+            p.TaskLaunchFailed: self._on_launch_failed,
         }
 
     def _new_epoch(self) -> None:
         self._release_running()
         self.finisher.finish_all()
         self.epoch += 1
+        self.lora.new_process()
+        self._children_launched = 0
         self._reset_epoch_state()
         self.server.run_started()
         self.sink.server_restart()
@@ -262,7 +268,7 @@ class Assembler:
             self.finisher.try_finish(self.clock.now, at_line=False)
 
     def feed_adapters(self, adapters: LoraAdapters) -> None:
-        self.lora.global_scales = adapters.scales
+        self.lora.polled(adapters.scales, self.catching_up)
 
     # ------------------------------------------------------------ server and slots
     def _slot(self, sid: int) -> _Slot:
@@ -315,6 +321,13 @@ class Assembler:
         if len(self._choices) > 64:  # its tasks launch right after this line
             del self._choices[next(iter(self._choices))]
 
+    def _on_global_lora_scale(self, ev: p.GlobalLoraScale) -> None:
+        self.lora.global_scale_set(ev.adapter, ev.scale)
+
+    def _on_launch_failed(self, ev: p.TaskLaunchFailed) -> None:
+        self._children_launched = 0  # its parent is not launched
+        self.attribution.launch_failed(ev)
+
     def _task_kind(self, s: _Slot) -> TaskKind:
         """A task that samples logs "sampler chain" (TRACE) just before its launch; one that
         does not is an embedding or rerank task (server-context.cpp launch_slot_with_task,
@@ -332,6 +345,12 @@ class Assembler:
         sel, s.selection = s.selection, None
         self.cache.launched(sel)
         kind = self._task_kind(s)
+        if ev.is_child:
+            self._children_launched += 1
+            choices = 1
+        else:
+            choices = self._choices.pop(ev.task, 0) or self._children_launched + 1
+            self._children_launched = 0
         d = TaskDraft(
             epoch=self.epoch,
             slot=ev.slot,
@@ -339,7 +358,7 @@ class Assembler:
             start_us=self.clock.now,
             is_child=ev.is_child,
             kind=kind,
-            choices=self._choices.pop(ev.task, 1),
+            choices=choices,
         )
         if sel is not None:
             sel.hand_over(d)
@@ -356,6 +375,7 @@ class Assembler:
             )
         s.draft = d
         s.last_task = ev.task
+        self.lora.launched((self.epoch, ev.task))
         if not ev.is_child:  # a child copies its parent's prompt state: no prefill of its own
             self.prefills.launched(ev.slot, ev.task, self.clock.now)
         if not self.catching_up:

@@ -170,8 +170,8 @@ class Finisher:
         assert d.conversation is not None
         conv, conv_source = d.conversation
         request = d.lora_request if d.lora_request is not None else self.lora.of_task((d.epoch, d.task))
-        lora_config = self.lora.config(request)
-        entry_lora_config = self.lora.config(self.lora.of_task(d.entry_source))
+        lora_config = self.lora.config_of((d.epoch, d.task), request)
+        entry_lora_config = self.lora.config_of(d.entry_source, self.lora.of_task(d.entry_source))
         restore_result, mismatch = None, False
         if d.ram_restored:  # what became of a restored entry
             restore_result, mismatch = classify.restore_result(
@@ -229,7 +229,7 @@ class Finisher:
             **{name: getattr(d, name) for name in FACTS_FROM_DRAFT},
             # the verdict
             model=self.model,
-            lora=lora.state(request),
+            lora=lora.state(lora_config),
             lora_config=lora_config,
             restored_entry_lora_config=entry_lora_config,
             restore_result=restore_result,

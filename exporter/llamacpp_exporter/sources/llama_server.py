@@ -66,9 +66,6 @@ class _Refused(Exception):
     """Answer too big, or too slow in total."""
 
 
-LORA_ADAPTERS_INTERVAL = 60.0
-
-
 # ---------------------------------------------------------------- pure parsers
 def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
@@ -478,7 +475,7 @@ class ServerPoller:
         self.on_adapters = on_adapters
         self.connect_timeout = min(timeout, 1.0)
         self.timeout = timeout
-        self._next_adapters = 0.0
+        self._next_adapters = 0.0  # /lora-adapters from then on (tests turn it off)
         self._wake = threading.Event()
         self._until_prefill = False  # a woken poll should also wait for prefills to start
         self._lock = threading.Lock()
@@ -679,17 +676,16 @@ class ServerPoller:
             self._discover_router()  # which models are loaded now
         if self.poll_metrics and include_metrics:
             self.poll_metrics_once()
-        if time.monotonic() >= self._next_adapters:  # the global scales rarely change
-            ok = True
+        if time.monotonic() >= self._next_adapters:
+            # at every full poll: a request without a lora list runs with the global scales in
+            # force at its launch, known only between two polls that found them unchanged
             for model in self._targets():
                 r = self._get("lora-adapters", self._path("/lora-adapters", model))
-                ok = ok and r is not None
                 if r is not None:
                     try:
                         self.on_adapters(parse_lora_adapters(r.json(), model))
                     except (ValueError, RecursionError):
                         self.metrics.scrape_errors.labels("lora-adapters").inc()
-            self._next_adapters = time.monotonic() + (LORA_ADAPTERS_INTERVAL if ok else 0.0)
         if self.poll_slots:
             self.poll_slots_once()
 
