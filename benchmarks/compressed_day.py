@@ -314,8 +314,10 @@ def unknown_reason(name: str, rec: dict[str, Any], resp: Response) -> str:
             if resp.verbosity < 4
             else f"{name} not in the log"
         )
+    if name == "lora" and rec.get("lora_config") == "global":
+        return "LoRA state: no list sent, and the global scales at its launch not known (after a restart, around the change)"
     if name == "lora":
-        return "LoRA state: /slots did not show the task"
+        return "LoRA state: /slots did not show the task's list"
     return f"{name} unknown"
 
 
@@ -389,6 +391,7 @@ def check(day: Day, records: list[dict[str, Any]]) -> dict[str, Any]:
         ),
         "embedding records": len(embeddings),
         "embedding inputs sent": sum(a.inputs for a in emb_sent),
+        "embedding inputs sent at -lv 3": sum(a.inputs for a in emb_sent if a.verbosity < 4),
         "embedding prompt tokens": (
             sum(r.get("prompt_tokens") or 0 for r in embeddings),
             sum(a.usage_prompt_tokens for a in emb_sent),
@@ -582,7 +585,9 @@ def report(
     print(f"records without a response (the clients that gave up): {dict(got['unanswered records'])}")
     print(f"conversations: {dict(got['conversations'])}")
     print(
-        f"embeddings: {got['embedding records']} records for {got['embedding inputs sent']} documents sent; "
+        f"embeddings: {got['embedding records']} records for {got['embedding inputs sent']} documents sent "
+        f"({got['embedding inputs sent at -lv 3']} of them at -lv 3, where the log cannot tell an embedding task: "
+        "a task without timings, 'ending unknown' above); "
         f"prompt tokens {got['embedding prompt tokens'][0]} in the records, {got['embedding prompt tokens'][1]} in the responses"
     )
 
