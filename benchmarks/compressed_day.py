@@ -55,6 +55,7 @@ from promql import Prometheus  # noqa: E402
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files  # noqa: E402
 from workload import LORA_ACTIVE, text  # noqa: E402
 
+from llamacpp_exporter.assemble.attribution import MAX_TASKS  # noqa: E402
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer  # noqa: E402
 from mixin import queries, rules  # noqa: E402
 
@@ -195,6 +196,27 @@ def chat_user(day: Day, user: int) -> None:
                 messages.append({"role": "assistant", "content": res["choices"][0]["message"]["content"] or "ok"})
                 time.sleep(rng.uniform(0.3, 2.0))
             time.sleep(rng.uniform(1.0, 4.0))
+
+
+def quick_client(day: Day, kind: str, seed: str, until: float) -> None:
+    """Short requests back to back, as a classifier's calls or a batch job: a short prompt, a few
+    tokens, no conversation. They make the many tasks that fill the exporter's per-task tables."""
+    rng = random.Random(seed)
+    with httpx.Client(base_url=day.url) as c:
+        while time.time() < until:
+            messages = [{"role": "user", "content": text(rng, rng.randint(4, 12))}]
+            body = {"messages": messages, "max_tokens": rng.randint(2, 5), "temperature": 0}
+            t0 = time.time()
+            try:
+                res, run, verbosity, scale = day.post(c, "/v1/chat/completions", body, 600)
+            except TimeoutError:
+                return
+            except httpx.HTTPError as e:
+                with day.lock:
+                    day.errors[type(e).__name__] += 1
+                continue
+            resp = Response(kind, None, day.lora_state(False, scale, t0), t0, time.time(), run, verbosity)
+            day.answer(_timings(resp, res["timings"]))
 
 
 def side_clients(day: Day) -> None:
@@ -339,8 +361,14 @@ def check(day: Day, records: list[dict[str, Any]]) -> dict[str, Any]:
     names = Counter[str]()
     ps = Pseudonymizer(SALT)
     chats = [a for a in day.answered if a.kind != "embedding"]
+    by_prefill: defaultdict[int, list[int]] = defaultdict(list)  # the log prints hundredths of a ms
+    for i, r in enumerate(completions):
+        if r.get("prefill_seconds") is not None:
+            by_prefill[round(r["prefill_seconds"] * 100_000)].append(i)
     for resp in chats:
-        cands = [i for i, r in enumerate(completions) if i not in taken and same_time(r, resp)]
+        near = round(resp.prompt_ms * 100)
+        pool = by_prefill[near - 1] + by_prefill[near] + by_prefill[near + 1]
+        cands = [i for i in pool if i not in taken and same_time(completions[i], resp)]
         if len(cands) != 1:
             verdicts["no record" if not cands else "several records"] += 1
             continue
@@ -375,6 +403,7 @@ def check(day: Day, records: list[dict[str, Any]]) -> dict[str, Any]:
     emb_sent = [a for a in day.answered if a.kind == "embedding"]
     return {
         "answered": len(chats),
+        "kinds": Counter(a.kind for a in chats),
         "verdicts": verdicts,
         "reasons": reasons,
         "wrong": wrong,
@@ -431,6 +460,16 @@ def query_at(prom: Prometheus, promql: str, at: float) -> list[dict[str, Any]]:
     return result
 
 
+def tasks_seen(prom: Prometheus, at: float) -> int:
+    """Requests and embedding tasks the exporter has counted since it started (its counters
+    start again at 0 in each life)."""
+    n = 0
+    for family in ("llamacpp_requests_total", "llamacpp_embedding_tasks_total"):
+        res = query_at(prom, f"sum({family})", at)
+        n += int(float(res[0]["value"][1])) if res else 0
+    return n
+
+
 # ------------------------------------------------------------------ the day
 
 
@@ -451,6 +490,14 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--blind-window", default="2m", help="LlamaCppExporterBlind's window for the compressed day")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
+    ap.add_argument("--quick", type=int, default=2, help="clients sending short requests back to back all day")
+    ap.add_argument(
+        "--batch-minutes",
+        type=float,
+        default=15.0,
+        help="after the day, a batch job of short requests (4 clients) in the exporter's last life: "
+        "enough tasks to fill its per-task tables, so that its memory can level off",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="compressed-day-"))
     binary = llama_server_binary()
@@ -485,10 +532,13 @@ def main() -> int:
     memory: list[tuple[float, int, float]] = []  # (seconds into the day, exporter life, RSS MiB)
     life = [0]
     print(f"== a compressed day of {args.minutes:g} minutes (work directory {work})", flush=True)
-    tl.mark("traffic starts: 5 chat users, n = 2, embeddings, clients that give up")
+    tl.mark(f"traffic starts: 5 chat users, {args.quick} quick clients, n = 2, embeddings, clients that give up")
+
+    sampling = threading.Event()
+    sampling.set()
 
     def sample_memory() -> None:
-        while not day.over():
+        while sampling.is_set():
             proc = exporter.proc
             if proc is not None and proc.poll() is None:
                 mib = rss_mib(proc.pid)
@@ -497,9 +547,13 @@ def main() -> int:
             time.sleep(5.0)
 
     threads = [threading.Thread(target=chat_user, args=(day, u), daemon=True) for u in range(5)]
+    threads += [
+        threading.Thread(target=quick_client, args=(day, "quick", f"quick-{k}", day.end), daemon=True)
+        for k in range(args.quick)
+    ]
     threads += [threading.Thread(target=side_clients, args=(day,), daemon=True)]
-    threads += [threading.Thread(target=sample_memory, daemon=True)]
-    for t in threads:
+    sampler = threading.Thread(target=sample_memory, daemon=True)
+    for t in [*threads, sampler]:
         t.start()
     stretches: list[tuple[float, str]] = [(start, "-lv 4")]
     try:
@@ -541,7 +595,20 @@ def main() -> int:
         tl.mark("traffic stops")
         for t in threads:
             t.join(timeout=120)
+        if args.batch_minutes > 0:
+            until = time.time() + args.batch_minutes * 60
+            batch = [
+                threading.Thread(target=quick_client, args=(day, "batch", f"batch-{k}", until), daemon=True)
+                for k in range(4)
+            ]
+            tl.mark(f"a batch job: 4 clients of short requests back to back for {args.batch_minutes:g} minutes")
+            for t in batch:
+                t.start()
+            for t in batch:
+                t.join(timeout=args.batch_minutes * 60 + 120)
+            tl.mark("the batch job ends")
         time.sleep(5.0)  # the last lines read, the last scrape and evaluation
+        sampling.clear()
         end = time.time()
         metrics = exporter.metrics_text()
         report(day, tl, events, memory, prom, stretches, start, end, args.blind_window, metrics)
@@ -574,7 +641,7 @@ def report(
     got = check(day, records)
     print("\n== every answered request against its record")
     print(
-        f"answered requests (chat and n = 2): {got['answered']}; clients that gave up: {day.gave_up}; client errors: {dict(day.errors)}"
+        f"answered requests (chat, quick and n = 2): {got['answered']} {dict(got['kinds'])}; clients that gave up: {day.gave_up}; client errors: {dict(day.errors)}"
     )
     for verdict, n in sorted(got["verdicts"].items()):
         print(f"  {verdict:>20}: {n}")
@@ -591,7 +658,10 @@ def report(
         f"prompt tokens {got['embedding prompt tokens'][0]} in the records, {got['embedding prompt tokens'][1]} in the responses"
     )
 
-    print("\n== the exporter's memory (RSS MiB) by life, every minute")
+    print(
+        f"\n== the exporter's memory (RSS MiB) by life, every minute, with the tasks it has seen "
+        f"(its per-task tables hold at most {MAX_TASKS})"
+    )
     by_life: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for t, lf, mib in memory:
         by_life[lf].append((t, mib))
@@ -600,13 +670,20 @@ def report(
         next_minute = pts[0][0]
         for t, mib in pts:
             if t >= next_minute:
-                row.append(f"{t / 60:4.1f}m {mib:5.1f}")
+                row.append(f"{t / 60:4.1f}m {mib:5.1f} ({tasks_seen(prom, start + t)} tasks)")
                 next_minute = t + 60
         warm = [mib for t, mib in pts if t >= pts[0][0] + 60]
         growth = (
             f"after its first minute {min(warm):.1f} -> {warm[-1]:.1f} (max {max(warm):.1f})" if warm else "too short"
         )
         print(f"  life {lf}: {', '.join(row)}; {growth}")
+        full = next((t for t, _ in pts[:: max(1, len(pts) // 60)] if tasks_seen(prom, start + t) >= MAX_TASKS), None)
+        if full is not None:
+            after = [mib for t, mib in pts if t >= full]
+            print(
+                f"    its tables full from {full / 60:.1f} min: RSS {after[0]:.1f} -> {after[-1]:.1f} "
+                f"(min {min(after):.1f}, max {max(after):.1f}) over {(pts[-1][0] - full) / 60:.1f} min"
+            )
 
     print("\n== the log's share of llama-server's own token counters, by stretch of the day")
     marks = [t for t, _ in tl.marks]
