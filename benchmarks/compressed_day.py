@@ -56,6 +56,7 @@ from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_
 from workload import LORA_ACTIVE, text  # noqa: E402
 
 from llamacpp_exporter.assemble.attribution import MAX_TASKS  # noqa: E402
+from llamacpp_exporter.assemble.join import MAX_RESULTS  # noqa: E402
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer  # noqa: E402
 from mixin import queries, rules  # noqa: E402
 
@@ -490,6 +491,12 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=20.0)
     ap.add_argument("--blind-window", default="2m", help="LlamaCppExporterBlind's window for the compressed day")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
+    ap.add_argument(
+        "--max-tracked",
+        type=int,
+        default=2000,
+        help="the exporter's --conversations.max-tracked: each batch request is a conversation of its own",
+    )
     ap.add_argument("--quick", type=int, default=2, help="clients sending short requests back to back all day")
     ap.add_argument(
         "--batch-minutes",
@@ -512,6 +519,7 @@ def main() -> int:
     events = work / "exporter" / "events.jsonl"
     exp_args = ["--llama.url", server.url, "--llama.log-path", str(server.log_path), "--llama.log-from-start"]
     exp_args += ["--events.path", str(events), "--llama.poll-interval", "1", "--conversations.salt-file", str(salt)]
+    exp_args += ["--conversations.max-tracked", str(args.max_tracked)]
     exporter = ExporterProcess(exp_args, work / "exporter").start()
     prom = Prometheus(
         work / "prometheus",
@@ -611,7 +619,7 @@ def main() -> int:
         sampling.clear()
         end = time.time()
         metrics = exporter.metrics_text()
-        report(day, tl, events, memory, prom, stretches, start, end, args.blind_window, metrics)
+        report(day, tl, events, memory, prom, stretches, start, end, args.blind_window, metrics, args.max_tracked)
     finally:
         exporter.stop()
         server.stop()
@@ -632,6 +640,7 @@ def report(
     end: float,
     window: str,
     metrics: str,
+    max_tracked: int,
 ) -> None:
     records, lines, proofs = read_events(events)
     print("\n== the events file")
@@ -659,8 +668,9 @@ def report(
     )
 
     print(
-        f"\n== the exporter's memory (RSS MiB) by life, every minute, with the tasks it has seen "
-        f"(its per-task tables hold at most {MAX_TASKS})"
+        f"\n== the exporter's memory (RSS MiB) by life, every minute, with the tasks it has seen (its tables "
+        f"hold at most {MAX_TASKS} or {MAX_RESULTS} tasks, and the conversations of --conversations.window "
+        f"up to --conversations.max-tracked {max_tracked})"
     )
     by_life: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for t, lf, mib in memory:
@@ -677,11 +687,11 @@ def report(
             f"after its first minute {min(warm):.1f} -> {warm[-1]:.1f} (max {max(warm):.1f})" if warm else "too short"
         )
         print(f"  life {lf}: {', '.join(row)}; {growth}")
-        full = next((t for t, _ in pts[:: max(1, len(pts) // 60)] if tasks_seen(prom, start + t) >= MAX_TASKS), None)
+        full = next((t for t, _ in pts[:: max(1, len(pts) // 60)] if tasks_seen(prom, start + t) >= MAX_RESULTS), None)
         if full is not None:
             after = [mib for t, mib in pts if t >= full]
             print(
-                f"    its tables full from {full / 60:.1f} min: RSS {after[0]:.1f} -> {after[-1]:.1f} "
+                f"    past {MAX_RESULTS} tasks from {full / 60:.1f} min: RSS {after[0]:.1f} -> {after[-1]:.1f} "
                 f"(min {min(after):.1f}, max {max(after):.1f}) over {(pts[-1][0] - full) / 60:.1f} min"
             )
 

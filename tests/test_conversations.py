@@ -132,6 +132,20 @@ def test_cost_store_is_bounded() -> None:
     assert len(costs.snapshot()) == 100
 
 
+def test_cost_store_forgets_conversations_last_seen_before_the_window() -> None:
+    """A server that sees thousands of one-request conversations (a batch job) keeps only
+    those of the window, not max_conversations of them: the memory follows the window."""
+    now = [1000.0]
+    costs = ConversationCosts(window_seconds=120, max_conversations=10_000, clock=lambda: now[0])
+    for i in range(3000):
+        now[0] += 0.5  # 2 per second: 240 conversations in a window of 120 s
+        costs.request(rec(f"c{i}"))
+    assert 240 <= len(costs._convs) <= 240 + 2 * 60  # the window, and the minute it is cut at
+    assert len(costs.snapshot()) == len(costs._convs)
+    costs.request(rec("c0"))  # one forgotten comes back: counted afresh
+    assert next(r for r in costs.snapshot() if r["conversation"] == "c0")["requests"] == 1
+
+
 def test_an_arrival_without_a_task_is_dropped_at_the_next_idle_moment() -> None:
     # invented lines, shaped like -lv 4 output: a request rejected before its task existed
     # (HTTP 400: conv_id= logged, no task), then, 20 s later, two requests with ids

@@ -31,7 +31,9 @@ BUCKET_SECONDS: Final = 60
 
 @dataclass(slots=True)
 class _Conversation:
-    buckets: deque[list[Any]] = field(default_factory=deque)  # [minute, prefill_s, cost_s, wasted, requests]
+    # [minute, prefill_s, cost_s, wasted, requests]; a list, not a deque: at most a window's
+    # minutes, and a deque's block costs ~600 bytes more for each of thousands of conversations
+    buckets: list[list[Any]] = field(default_factory=list)
     # the sums of the buckets still in the window (prefill_s, cost_s, wasted, requests): a
     # scrape reads them instead of summing every bucket of every conversation
     totals: list[Any] = field(default_factory=lambda: [0.0, 0.0, 0, 0])
@@ -70,6 +72,7 @@ class ConversationCosts:
     def _conv(self, name: str, now: float) -> _Conversation:
         c = self._convs.get(name)
         if c is None:
+            self._forget_idle(now)
             c = self._convs[name] = _Conversation()
             while len(self._convs) > self.max_conversations:
                 _, gone = self._convs.popitem(last=False)
@@ -82,6 +85,16 @@ class ConversationCosts:
             self._convs.move_to_end(name)
         c.last_seen = now
         return c
+
+    def _forget_idle(self, now: float) -> None:
+        """Conversations last seen before the window hold nothing a scrape shows: the memory
+        follows the conversations of the window, not the bound, on a server that sees many."""
+        oldest = self._oldest(now)
+        while self._convs:
+            first = next(iter(self._convs.values()))  # the least recently seen
+            if int(first.last_seen // BUCKET_SECONDS) >= oldest:
+                return
+            self._convs.popitem(last=False)
 
     def _add(self, c: _Conversation, now: float, i: int, amount: float) -> None:
         """Add to field i (1 prefill_s, 2 cost_s, 3 wasted, 4 requests) of this minute."""
@@ -141,7 +154,7 @@ class ConversationCosts:
     @staticmethod
     def _expire_conv(c: _Conversation, oldest: int) -> None:
         while c.buckets and c.buckets[0][0] < oldest:
-            b = c.buckets.popleft()
+            b = c.buckets.pop(0)
             for i in range(4):
                 c.totals[i] -= b[i + 1]
 
