@@ -26,17 +26,8 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from procfs import rss_mib  # noqa: E402
 from throughput_vs_mtail import build_log  # noqa: E402
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 def run_analyze(paths: list[Path], out: Path) -> tuple[float, list[float], dict[str, Any]]:

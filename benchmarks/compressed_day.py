@@ -51,6 +51,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+from procfs import rss_mib  # noqa: E402
 from promql import Prometheus  # noqa: E402
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files  # noqa: E402
 from workload import LORA_ACTIVE, text  # noqa: E402
@@ -263,16 +265,6 @@ def side_clients(day: Day) -> None:
 
 
 # ------------------------------------------------------------------ the day's events
-
-
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        return None
-    return None
 
 
 @dataclass

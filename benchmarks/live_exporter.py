@@ -33,6 +33,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
+from procfs import rss_mib  # noqa: E402
 from promql import Prometheus  # noqa: E402
 from realserver import ExporterProcess, free_port  # noqa: E402
 from throughput_vs_mtail import _TS, _stamp, _us, build_log  # noqa: E402
@@ -69,13 +70,6 @@ def spread(src: Path, dst: Path) -> int:
             out.write(line)
             n += 1
     return n
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def lines_done(exp: ExporterProcess) -> int:
@@ -145,12 +139,12 @@ def main() -> int:
             t0 = time.monotonic()
             rss = []
             while (done := lines_done(exp)) < n:
-                rss.append((done, rss_mib(exp.proc.pid)))
+                rss.append((done, rss_mib(exp.proc.pid) or float("nan")))
                 time.sleep(0.5)
             print(f"log: {n} lines over {SLOTS} slots, read in {time.monotonic() - t0:.1f} s by the live exporter")
             warm = [r for done, r in rss if done >= n // 10]
             print(
-                f"memory: RSS {rss_mib(exp.proc.pid):.0f} MiB after the log; after the first tenth it went from "
+                f"memory: RSS {rss_mib(exp.proc.pid) or float('nan'):.0f} MiB after the log; after the first tenth it went from "
                 f"{warm[0] if warm else float('nan'):.0f} to {max(warm) if warm else float('nan'):.0f} MiB"
             )
             step = max(1, n // 10)
