@@ -1,6 +1,6 @@
-"""The investigation report of `analyze`: pure functions from request records (the events-file
-form, one dict per request) to a report (a dict: the JSON output), and its text, Markdown and
-CSV renderings.
+"""The investigation report of `analyze`: a ``ReportBuilder`` counts typed request records one at
+a time (analyze streams them from its store, offline/store.py; ``build`` takes a list) into a
+typed ``Report`` (report_types.py: the JSON output), rendered here as text, Markdown and CSV.
 
 Every rate carries its numerator and denominator. Where the records cannot tell (LoRA state
 without /slots or an events file, cache diagnostics below -lv 4), the report counts the requests
