@@ -231,21 +231,30 @@ def test_continuation_lines_do_not_move_the_clock() -> None:
     assert a.clock.now == 1_000_000
 
 
-@pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine"])
+@pytest.mark.parametrize("log", ["lv4-np2-text", "lv4-np2-jsonl", "lv4-np2-slow-machine", "lv4-np4-stuck-embeddings"])
 def test_overlap_agrees_with_the_servers_own_timings(log: str) -> None:
     """Each record's overlap with other slots' prefills, against an independent reading of the
     log's print_timing lines (decode ends at the eval line; decode and prefill times are the
-    server's). A record must wait until the prefills it overlaps have their exact times."""
+    server's). A record must wait until the prefills it overlaps have their exact times. The
+    child tasks of an `n > 1` request print their parent's prompt time: they computed nothing.
+    A task that never printed its timings is left out: in lv4-np4-stuck-embeddings three
+    embedding tasks launched and never logged their first batch, so they computed nothing and
+    the records decoding meanwhile must show no overlap with them (and must not wait for them)."""
     tasks: dict[int, dict[str, Any]] = {}
+    children = set()
     for line in log_lines(log + ".log"):
         pl = p.parse_line(line)
         ev = pl.event
-        if isinstance(ev, p.PromptTiming):
+        if isinstance(ev, p.TaskLaunched) and ev.is_child:
+            children.add(ev.task)
+        elif isinstance(ev, p.PromptTiming):
             tasks.setdefault(ev.task, {}).update(slot=ev.slot, prefill_ms=ev.ms)
         elif isinstance(ev, p.EvalTiming):
             tasks.setdefault(ev.task, {}).update(slot=ev.slot, end=pl.ts_us, decode_ms=ev.ms)
     spans = {}
     for task, t in tasks.items():
+        if task in children:
+            continue
         decode_start = t["end"] - int(t["decode_ms"] * 1000)
         spans[task] = (t["slot"], decode_start - int(t["prefill_ms"] * 1000), decode_start, t["end"])
 
@@ -347,3 +356,36 @@ def test_a_stray_line_with_an_earlier_timestamp_is_not_a_restart() -> None:
     assert value(replay_records(two)[1].registry, "llamacpp_exporter_server_restarts_total") == 0
     restarted = lines + [ln for ln in lines if "initializing ..." not in ln]
     assert value(replay_records(restarted)[1].registry, "llamacpp_exporter_server_restarts_total") == 1
+
+
+def test_a_task_stuck_before_its_first_batch_holds_no_other_record() -> None:
+    """b11434 with chat and embeddings on 4 slots left three embedding tasks launched and never
+    begun (no first batch, no release, for minutes: recorded). Every other request's record must
+    still go out as its task ends, not when the server restarts or the holding bound gives up."""
+    lines = log_lines("lv4-np4-stuck-embeddings.log")
+    released: dict[int, int] = {}
+    for line in lines:
+        pl = p.parse_line(line)
+        if isinstance(pl.event, p.TaskReleased) and pl.ts_us is not None:
+            released[pl.event.task] = pl.ts_us
+    last = max(released.values())
+    recs: list[RequestRecord] = []
+    pipeline = Pipeline(CollectorRegistry(), on_record=recs.append, clock=lambda: 0.0)
+    for line in lines:
+        pipeline.process_line(line, 0.0)  # no flush: the log goes on
+    out = {r.task for r in recs}
+    stuck_since = 65_819_068  # the first of them launched (task 1363)
+    late = [t for t, at in released.items() if stuck_since < at < last - 5_000_000]
+    assert len(late) >= 15
+    assert [t for t in late if t not in out] == []
+
+
+def test_a_restart_at_lv3_after_lv4_takes_a_task_without_timings_for_a_completion() -> None:
+    """Whether launches show "sampler chain" (TRACE) is the run's own: after a restart at -lv 3
+    a task that ended without timings cannot be told from an embedding, and is a completion.
+    Recorded runs of b11434, one after the other in one log; task 0's timing lines deleted."""
+    lv3 = [x for x in log_lines("builds/b11434-lv3-text.log") if not ("task 0 |" in x and "print_timing" in x)]
+    recs, _ = replay_records([*log_lines("builds/b11434-lv4-text.log"), *lv3])
+    after = [r for r in recs if r.epoch == 1]
+    assert len(after) >= 3 and {r.kind for r in recs if r.epoch == 0} == {"completion"}
+    assert [(r.task, r.kind) for r in after if r.generated_tokens is None] == [(0, "completion")]

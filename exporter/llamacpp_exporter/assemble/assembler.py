@@ -85,7 +85,6 @@ class Assembler:
         # child tasks launched since the last other launch: an n > 1 request launches its
         # children, then its parent, in one go (launch_slots_with_parent_task), at any verbosity
         self._children_launched = 0
-        self._sampler_lines = False  # this log shows "sampler chain" (TRACE) at each completion's launch
         self._own_handlers: dict[type, Callable[[Any], None]] = {  # the cache's and the join's: per epoch
             p.ServerStarting: self._on_server_starting,
             p.Verbosity: self.server.verbosity_read,
@@ -116,6 +115,10 @@ class Assembler:
     # ------------------------------------------------------------ epochs
     def _reset_epoch_state(self) -> None:
         self._slots: dict[int, _Slot] = {}
+        # this run logs "new prompt" (-lv 4, in a wording we read): a task launched without it
+        # has not begun its prefill. A run that rewords the line keeps prefills from the launch.
+        self._first_batches_logged = False
+        self._sampler_lines = False  # this run logs "sampler chain" (TRACE) at each completion's launch
         self.cache = PromptCacheLog(
             self.sink, self.attribution.entry_evicted, lambda: self.server.set_diagnostics(True)
         )
@@ -377,7 +380,7 @@ class Assembler:
         s.last_task = ev.task
         self.lora.launched((self.epoch, ev.task))
         if not ev.is_child:  # a child copies its parent's prompt state: no prefill of its own
-            self.prefills.launched(ev.slot, ev.task, self.clock.now)
+            self.prefills.launched(ev.slot, ev.task, self.clock.now, self._first_batches_logged)
         if not self.catching_up:
             # the LoRA always comes from /slots; the reused tokens only when the log lacks them
             self.sink.slots_poll(self.server.diagnostics is not True)
@@ -397,6 +400,7 @@ class Assembler:
             # the prefill starts here (llama-server's t_start), not at the launch: a launched
             # task can wait for another slot's prompt batch before its own first batch
             self.prefills.first_batch(ev.slot, ev.task, self.clock.now)
+        self._first_batches_logged = True
 
     def _on_cached_tokens(self, ev: p.CachedTokens) -> None:
         self.attribution.join.batch_line()

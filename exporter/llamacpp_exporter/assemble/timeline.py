@@ -4,6 +4,12 @@ A prefill starts at its task's launch, moves to the first prompt batch ("new pro
 "prompt done" or the release; the server's own timings then fix it exactly (prompt eval and
 eval times, counted back from the eval line). Another slot's decoding is compared against these
 intervals: how long it overlapped a prefill, and whose.
+
+Where the server logs "new prompt" (TRACE: -lv 4), a launched task without that line has not
+begun its prefill: llama-server starts a prompt's clock and logs the line in one step
+(server-context.cpp, `update_prompt_start` then "new prompt", on the thread that also logs every
+release), so such a prefill overlaps nothing before the last line read, and a task released
+without it computed nothing. Below -lv 4 a prefill is taken from its launch, an upper bound.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ class Prefill:
     task: int
     exact: bool = False  # fixed by the server's own timings (or the release)
     tokens: int | None = None  # prompt tokens it computed (the server's timings), when known
+    begun: bool = True  # False: launched where "new prompt" is logged, and that line not read yet
 
 
 class PrefillTimeline:
@@ -42,9 +49,10 @@ class PrefillTimeline:
             return None
         return pf[-1]
 
-    def launched(self, slot: int, task: int, at: int) -> None:
+    def launched(self, slot: int, task: int, at: int, begin_logged: bool) -> None:
+        """begin_logged: this server logs each prefill's first batch ("new prompt", -lv 4)."""
         pf = self.slots.setdefault(slot, [])
-        new = Prefill(at, None, task)
+        new = Prefill(at, None, task, begun=not begin_logged)
         pf.append(new)
         self._inexact.setdefault(slot, []).append(new)
         if len(pf) > MAX_PREFILL_HISTORY:
@@ -56,11 +64,13 @@ class PrefillTimeline:
         last = self._last(slot, task)
         if last is not None and last.end is None:
             last.start = at
+            last.begun = True
 
     def ended(self, slot: int, at: int) -> None:
         last = self._last(slot)
         if last is not None and last.end is None:
             last.end = at
+            last.begun = True  # its first batch line was lost: from the launch, as below -lv 4
 
     def timed(self, slot: int, task: int, start: int, end: int, tokens: int | None = None) -> None:
         """The server's timings fix the last prefill of the slot."""
@@ -76,6 +86,8 @@ class PrefillTimeline:
         if last.task == task:
             last.exact = True
             self._settle(slot, last)
+            if not last.begun:  # released before its first batch: it computed nothing
+                last.start, last.begun = at, True
         if last.end is None:
             last.end = at
             return True
@@ -89,7 +101,7 @@ class PrefillTimeline:
             if sid == slot:
                 continue
             i = len(pf)
-            while i > 0 and pf[i - 1].start >= end:
+            while i > 0 and (pf[i - 1].start >= end or not pf[i - 1].begun):
                 i -= 1
             j = i
             while j > 0:
@@ -119,8 +131,9 @@ class PrefillTimeline:
 
     def settled_before(self, slot: int, end: int) -> bool:
         """Every other slot's prefill that began before `end` is exact: an overlap computed now
-        will not change."""
-        return all(p.start >= end for sid, pf in self._inexact.items() if sid != slot for p in pf)
+        will not change. `end` is at or before the last line read: a prefill not begun by then
+        begins after it."""
+        return all(p.start >= end or not p.begun for sid, pf in self._inexact.items() if sid != slot for p in pf)
 
 
 def union_us(spans: list[tuple[int, int]]) -> int:
