@@ -39,8 +39,13 @@ COMPILED = [
     "assemble/serverstate",
     "assemble/timeline",
     "demux",
+    "export/concern",
+    "export/concerns",
+    "export/context_shift",
     "export/conversations",
+    "export/families",
     "export/metrics",
+    "export/speculative",
 ]
 
 # setup.py runs for every step of a PEP 517 build; only these build the package (the metadata

@@ -400,6 +400,33 @@ class EvalTiming(_EventBase):
         self.ms_per_token = ms_per_token
 
 
+class DraftAcceptance(_EventBase):
+    """INFO ``draft acceptance = R (A accepted / G generated)`` with a task's timings: of the draft
+    model's G tokens, the target accepted A (speculative decoding; logged only when it drafted)."""
+
+    _fields = ("slot", "task", "accepted", "generated")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, accepted: int, generated: int) -> None:
+        self.slot = slot
+        self.task = task
+        self.accepted = accepted
+        self.generated = generated
+
+
+class ContextShift(_EventBase):
+    """WARN ``slot context shift, n_keep, n_left, n_discard``: the context was full, the server
+    dropped n_discard tokens of the slot's history after the first n_keep and went on."""
+
+    _fields = ("slot", "task", "discarded")
+    __slots__ = _fields
+
+    def __init__(self, slot: int, task: int, discarded: int) -> None:
+        self.slot = slot
+        self.task = task
+        self.discarded = discarded
+
+
 class TaskReleased(_EventBase):
     _fields = ("slot", "task", "n_tokens", "truncated")
     __slots__ = _fields
@@ -594,6 +621,8 @@ Event = Union[  # noqa: UP007 - a runtime alias, readable on 3.10
     PrefillProgress,
     PromptTiming,
     EvalTiming,
+    DraftAcceptance,
+    ContextShift,
     TaskReleased,
     TaskCancelled,
     TaskFailed,
@@ -663,6 +692,8 @@ _RE_SELECTED_LCP: Final = re.compile(
 )
 _RE_NEW_PROMPT: Final = re.compile(r"new prompt, n_ctx_slot = \d+, n_keep = -?\d+, task\.n_tokens = (\d+)")
 _RE_CACHED: Final = re.compile(r"cached n_tokens = (\d+),")
+_RE_DRAFT_ACCEPTANCE: Final = re.compile(r"draft acceptance = \S+ \( *(\d+) accepted / +(\d+) generated\)")
+_RE_CONTEXT_SHIFT: Final = re.compile(r"slot context shift, n_keep = -?\d+, n_left = -?\d+, n_discard = (\d+)$")
 _RE_PROMPT_TIMING: Final = re.compile(r"prompt eval time = +" + _FLOAT + r" ms / +(\d+) tokens")
 _RE_EVAL_TIMING: Final = re.compile(r"eval time = +" + _FLOAT + r" ms / +(\d+) tokens \( +" + _FLOAT + " ms per token")
 _RE_RELEASE: Final = re.compile(r"stop processing: n_tokens = (\d+), truncated = (\d)")
@@ -767,13 +798,11 @@ _SLOT_IGNORED_PREFIXES: Final = (
     "graphs reused",
     "total time",
     "n_gen =",
-    "draft acceptance",
     "acc per pos",
     "new slot",
     "n_past was set",
     "keeping cache for alora",
     "reusing chunk",
-    "slot context shift",
     "accepted ",
     "empty prompt",
     "cache reuse is not supported",
@@ -810,6 +839,7 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
     ms: str
     per_token: str
     truncated: str
+    generated: str
     f_keep: str
     f_sim: str
     c = msg[:1]
@@ -876,6 +906,17 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
             return IdleSlotSaving(slot)
         elif msg.startswith("sampler chain"):
             return SamplerChainSet(slot)
+        elif msg.startswith("slot context shift"):
+            m = _RE_CONTEXT_SHIFT.match(msg)
+            if m:
+                n = m.group(1)
+                return ContextShift(slot, task, int(n))
+    elif c == "d":
+        if msg.startswith("draft acceptance"):
+            m = _RE_DRAFT_ACCEPTANCE.match(msg)
+            if m:
+                n, generated = m.group(1, 2)
+                return DraftAcceptance(slot, task, int(n), int(generated))
     elif c == "n":
         if msg.startswith("new prompt"):
             m = _RE_NEW_PROMPT.match(msg)

@@ -151,6 +151,16 @@ class RequestRecord:
     cancelled: bool = False
     failed: bool = False
     truncated: bool = False  # the release line's truncated = 1: the context filled up
+    # the context filled up and the server dropped part of the history after its first n_keep
+    # tokens to go on (--context-shift): how many times, and the tokens dropped
+    context_shifts: int = 0
+    context_shift_discarded_tokens: int = 0
+    # speculative decoding, where the build logs it at the task's end: the draft model's tokens
+    # and those the target accepted, and their ratio. None: the log does not say (the task
+    # drafted nothing, or the build does not log it), never 0
+    draft_tokens_generated: int | None = None
+    draft_tokens_accepted: int | None = None
+    draft_acceptance: float | None = None
     # from its request's arrival (conv_id, -lv 4) to its launch, where the log pins the arrival
     # (see join.py): None when it cannot
     queue_seconds: float | None = None

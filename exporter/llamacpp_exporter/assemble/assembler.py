@@ -106,6 +106,8 @@ class Assembler:
             p.PrefillFinished: self._on_prefill_finished,
             p.PromptTiming: self._on_prompt_timing,
             p.EvalTiming: self._on_eval_timing,
+            p.DraftAcceptance: self._on_draft_acceptance,
+            p.ContextShift: self._on_context_shift,
             p.TaskReleased: self._on_released,
             p.TaskCancelled: self._on_cancelled,
             p.TaskFailed: self._on_failed,
@@ -450,6 +452,17 @@ class Assembler:
             prefill_start = d.decode_start_us - int(d.prefill_seconds * 1_000_000)
             self.prefills.timed(ev.slot, d.task, prefill_start, d.decode_start_us, d.prefill_tokens)
             self.sink.prefill_in_progress(ev.slot, 0)
+
+    def _on_draft_acceptance(self, ev: p.DraftAcceptance) -> None:
+        d = self._draft(ev.slot, ev.task)
+        if d is not None:
+            d.draft_tokens_generated, d.draft_tokens_accepted = ev.generated, ev.accepted
+
+    def _on_context_shift(self, ev: p.ContextShift) -> None:
+        d = self._draft(ev.slot, ev.task)
+        if d is not None:
+            d.context_shifts += 1
+            d.context_shift_discarded_tokens += ev.discarded
 
     def _on_released(self, ev: p.TaskReleased) -> None:
         self.attribution.join.released(ev.slot, self.clock.now)

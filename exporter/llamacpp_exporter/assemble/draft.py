@@ -50,6 +50,10 @@ class TaskDraft:
     cancelled: bool = False
     failed: bool = False
     truncated: bool = False
+    context_shifts: int = 0
+    context_shift_discarded_tokens: int = 0
+    draft_tokens_generated: int | None = None
+    draft_tokens_accepted: int | None = None
     end_us: int | None = None
     released_seq: int | None = None  # /slots snapshots seen when it was released
     # its conversation as the record will say it: fixed at the first line that proves it (or

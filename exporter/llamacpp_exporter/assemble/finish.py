@@ -249,6 +249,11 @@ class Finisher:
             wasted_prompt_tokens=wasted,
             slowed_by_conversation=slowed_by,
             queue_seconds=queue_us / 1e6 if queue_us is not None else None,
+            draft_acceptance=(
+                round(d.draft_tokens_accepted / d.draft_tokens_generated, 5)
+                if d.draft_tokens_accepted is not None and d.draft_tokens_generated
+                else None
+            ),
         )
         self.emit(rec)
         if not d.outside_join:

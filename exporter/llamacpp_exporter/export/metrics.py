@@ -8,19 +8,14 @@ from fixed sets (records.py) or slot ids the server announced, so cardinality is
 
 from __future__ import annotations
 
-import bisect
-import itertools
-import math
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Exemplar
-from prometheus_client.utils import floatToGoString
 
 from ..config import MetricsConfig
 from ..records import (
@@ -37,8 +32,11 @@ from ..records import (
     finish_reason,
     kept_by_larger_cache,
 )
+from .concern import ConcernMetrics
+from .concerns import CONCERNS
 from .conversations import ConversationCosts
-from .exposition import Encoding, RenderedChildren, render_families
+from .exposition import Encoding, render_families
+from .families import CounterValues, FamiliesCollector, GaugeValues, HistogramValues
 
 # the larger caches the live capacity figures are for (analyze gives the whole curve)
 LARGER_CACHE_LABELS: Final = {"2x": 2.0, "4x": 4.0}
@@ -55,132 +53,7 @@ LOG_TOKEN_KINDS: Final = ("prompt_computed", "prompt_cached", "generated")
 CONVERSATION_SOURCES: Final = ("header", "lineage", "uncertain", "none")
 
 
-class _CounterValues:
-    """A counter family as plain numbers by label values, rendered at scrape time: an update
-    costs a dict lookup, no lock and no label check (client_python's advice for exporters).
-    Each child's exposition is kept and rendered again only when its value changed."""
-
-    metric_family: type[CounterMetricFamily] | type[GaugeMetricFamily] = CounterMetricFamily
-
-    def __init__(
-        self, name: str, doc: str, labelnames: Sequence[str] = (), space: Sequence[Sequence[str]] | None = None
-    ) -> None:
-        self.name, self.doc, self.labelnames = name, doc, list(labelnames)
-        # the values of the labels after the model, whose every combination exists from the
-        # moment the model is known (None: children made by what happens, slots say)
-        self.space = space
-        self.values: dict[tuple[str, ...], float] = {}
-        self.rendered = RenderedChildren(self._family)
-
-    def known(self, model: str) -> None:
-        if self.space is not None:
-            for rest in itertools.product(*self.space):
-                self.add((model, *rest), 0.0)
-
-    def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
-        self.values[key] = self.values.get(key, 0.0) + amount
-
-    def _family(self, children: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
-        f = self.metric_family(self.name, self.doc, labels=self.labelnames)
-        for key, value in children:
-            f.add_metric(key, value)
-        return f
-
-    def family(self) -> Metric:
-        return self._family(list(self.values.items()))
-
-    def render(self, encoding: Encoding) -> list[bytes]:
-        # the value is its own version: an unchanged child is not rendered again
-        return self.rendered.render(encoding, [(key, value, value) for key, value in list(self.values.items())])
-
-
-class _GaugeValues(_CounterValues):
-    """A gauge family as plain numbers (set by assignment to ``values``)."""
-
-    metric_family = GaugeMetricFamily
-
-
-# an exemplar as (labels, value, time): made an Exemplar (a NamedTuple, built in the
-# interpreter) only when its child is rendered, not at every observation
-_ExemplarParts = tuple[dict[str, str], float, float]
-_HistogramChild = tuple[list[float], list[_ExemplarParts | None], list[float]]
-
-
-class _HistogramValues:
-    """A histogram family as plain numbers: per label values, the count in each bucket (not
-    cumulative), the sum and the number of observations, and the last exemplar of each bucket.
-    Rendered as prometheus_client's Histogram renders it, each child again only after an
-    observation."""
-
-    metric_family = HistogramMetricFamily
-
-    def __init__(
-        self, name: str, doc: str, labelnames: Sequence[str], buckets: Sequence[float], space: Sequence[Sequence[str]]
-    ) -> None:
-        self.name, self.doc, self.labelnames = name, doc, list(labelnames)
-        self.space = space  # as _CounterValues'
-        self.bounds = [float(b) for b in buckets] + [math.inf]
-        self.le = [floatToGoString(b) for b in self.bounds]
-        self.children: dict[tuple[str, ...], _HistogramChild] = {}
-        self.rendered = RenderedChildren(self._family)
-
-    def known(self, model: str) -> None:
-        for rest in itertools.product(*self.space):
-            self.child((model, *rest))
-
-    def child(self, key: tuple[str, ...]) -> _HistogramChild:
-        c = self.children.get(key)
-        if c is None:
-            c = self.children[key] = ([0.0] * len(self.bounds), [None] * len(self.bounds), [0.0, 0.0])
-        return c
-
-    def observe(self, key: tuple[str, ...], value: float, exemplar: dict[str, str]) -> None:
-        counts, exemplars, total = self.child(key)
-        total[0] += value
-        total[1] += 1  # observations, NaN included: the child's version
-        if value <= math.inf:  # not NaN: the first bucket whose bound is >= the value
-            i = bisect.bisect_left(self.bounds, value)
-            counts[i] += 1
-            exemplars[i] = (exemplar, value, time.time())
-
-    def _family(self, children: Iterable[tuple[tuple[str, ...], _HistogramChild]]) -> Metric:
-        f = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)
-        for key, (counts, exemplars, total) in children:
-            acc = 0.0
-            buckets: list[tuple[str, float] | tuple[str, float, Exemplar]] = []
-            for le, n, ex in zip(self.le, counts, exemplars, strict=True):
-                acc += n
-                buckets.append((le, acc) if ex is None else (le, acc, Exemplar(*ex)))
-            f.add_metric(key, buckets, total[0])
-        return f
-
-    def family(self) -> Metric:
-        return self._family(list(self.children.items()))
-
-    def render(self, encoding: Encoding) -> list[bytes]:
-        return self.rendered.render(encoding, [(key, child[2][1], child) for key, child in list(self.children.items())])
-
-
-class _FamiliesCollector(Collector):
-    """Plain-number families, rendered in the order given."""
-
-    def __init__(self, families: list[_CounterValues | _HistogramValues]) -> None:
-        self.families = families
-
-    def describe(self) -> Iterator[Metric]:
-        # the names, so that registration checks them and ?name[]= finds them
-        for f in self.families:
-            yield f.metric_family(f.name, f.doc, labels=f.labelnames)
-
-    def collect(self) -> Iterator[Metric]:
-        for f in self.families:
-            yield f.family()
-
-    def render_exposition(self, encoding: Encoding) -> list[bytes]:
-        return [part for f in self.families for part in f.render(encoding)]
-
-
-class RequestMetrics(_FamiliesCollector):
+class RequestMetrics(FamiliesCollector):
     """One finished request record -> counters and histograms by path, LoRA state and outcome.
 
     Plain numbers, turned into metric families at scrape time: a record's dozen updates cost
@@ -189,16 +62,16 @@ class RequestMetrics(_FamiliesCollector):
 
     def __init__(self, registry: CollectorRegistry, buckets: MetricsConfig | None = None) -> None:
         b = buckets or MetricsConfig()
-        families: list[_CounterValues | _HistogramValues] = []
+        families: list[CounterValues | HistogramValues] = []
 
-        def counter(name: str, doc: str, labels: list[str], space: Sequence[Sequence[str]] | None) -> _CounterValues:
-            families.append(f := _CounterValues(name, doc, labels, space))
+        def counter(name: str, doc: str, labels: list[str], space: Sequence[Sequence[str]] | None) -> CounterValues:
+            families.append(f := CounterValues(name, doc, labels, space))
             return f
 
         def histogram(
             name: str, doc: str, labels: list[str], bounds: Sequence[float], space: Sequence[Sequence[str]]
-        ) -> _HistogramValues:
-            families.append(f := _HistogramValues(name, doc, labels, bounds, space))
+        ) -> HistogramValues:
+            families.append(f := HistogramValues(name, doc, labels, bounds, space))
             return f
 
         # each family with its labels and the values they take, in the order of the exposition
@@ -395,6 +268,10 @@ class RequestMetrics(_FamiliesCollector):
             ["model"],
             (),
         )
+        # the concerns built one module each (concerns.py), after the families above
+        self.concerns: list[ConcernMetrics] = [live(b) for live, _ in CONCERNS]
+        for c in self.concerns:
+            families.extend(c.families)
         super().__init__(families)
         self._slots: dict[str, set[int]] = {}
         self.models: set[str] = set()
@@ -416,12 +293,12 @@ class RequestMetrics(_FamiliesCollector):
         if model not in self.models:
             return
         for m in self.families:
-            store = m.values if isinstance(m, _CounterValues) else m.children
+            store = m.values if isinstance(m, CounterValues) else m.children
             keys = [k for k in store if k and k[0] == model]
-            if isinstance(m, _CounterValues) and any(m.values[k] for k in keys):
+            if isinstance(m, CounterValues) and any(m.values[k] for k in keys):
                 return
         for m in self.families:
-            store = m.values if isinstance(m, _CounterValues) else m.children
+            store = m.values if isinstance(m, CounterValues) else m.children
             for k in [k for k in store if k and k[0] == model]:
                 del store[k]
         self.models.discard(model)
@@ -437,6 +314,8 @@ class RequestMetrics(_FamiliesCollector):
         model = rec.model
         if model not in self.models:
             self.model_known(model)
+        for c in self.concerns:
+            c.update(rec)
         self.conversation_joins.add((model, rec.conversation_source or "none"))
         if rec.prefill_seconds:
             self.conversation_join_prefill.add((model, rec.conversation_source or "none"), rec.prefill_seconds)
@@ -528,16 +407,16 @@ class LogMetrics:
         r = registry
         m = ["model"]
         # set at every cache state line: plain numbers (see in_progress below)
-        self.cache_entries = _GaugeValues(
+        self.cache_entries = GaugeValues(
             "llamacpp_prompt_cache_entries", "Entries in the RAM prompt cache (last cache state line).", m
         )
-        self.cache_bytes = _GaugeValues(
+        self.cache_bytes = GaugeValues(
             "llamacpp_prompt_cache_bytes", "Size of the RAM prompt cache in bytes (last cache state line).", m
         )
-        self.cache_limit = _GaugeValues(
+        self.cache_limit = GaugeValues(
             "llamacpp_prompt_cache_limit_bytes", "Size limit of the RAM prompt cache in bytes (--cache-ram).", m
         )
-        registry.register(_FamiliesCollector([self.cache_entries, self.cache_bytes, self.cache_limit]))
+        registry.register(FamiliesCollector([self.cache_entries, self.cache_bytes, self.cache_limit]))
         self.cache_saves = Counter(
             "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", m, registry=r
         )
@@ -556,7 +435,7 @@ class LogMetrics:
         )
         # Set or counted for every line or every few: plain numbers, rendered at scrape time
         # (no lock, no label lookup on the hot path), as client_python advises for exporters.
-        self.in_progress = _GaugeValues(
+        self.in_progress = GaugeValues(
             "llamacpp_slot_prefill_tokens_in_progress",
             "Prompt tokens the slot's running prefill computes; 0 when not prefilling (needs -lv 4).",
             ["model", "slot"],

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 from typing import Any, Literal, Protocol, cast
 
 from ..assemble.promptcache import MIB
+from ..export.concern import ConcernReport
+from ..export.concerns import CONCERNS
 from ..records import (
     LARGER_CACHE_FACTORS,
     LORA_STATES,
@@ -316,8 +318,11 @@ class ReportBuilder:
         self.curve = _CacheSizeCurve()
         self.named = [0, 0]  # completed requests with a conversation, all
         self.named_prefill = [0.0, 0.0]
+        self.concerns: list[ConcernReport] = [report() for _, report in CONCERNS]  # export/concerns.py
 
     def count(self, r: RequestRecord) -> None:
+        for concern in self.concerns:
+            concern.count(r)
         if r.kind != "completion":
             # embedding and rerank tasks are no completion requests: counted apart, as the exporter does
             self.embedding_tasks += 1
@@ -458,6 +463,10 @@ class ReportBuilder:
                 ),
             },
         }
+        for concern in self.concerns:
+            concern_section = concern.result()
+            if concern_section is not None:
+                cast(dict[str, Any], rep)[concern.key] = concern_section
         rep["findings"] = findings(rep)
         return rep
 
@@ -669,6 +678,10 @@ def _tables(rep: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
             + f"small-task takeovers of a big conversation's slot: {rep['small_task_takeovers']}",
         )
     )
+    for _, concern in CONCERNS:
+        section = cast(dict[str, Any], rep).get(concern.key)
+        if section is not None:
+            out.append(concern.table(section))
     out.append(
         (
             "Who is named: completed requests with a conversation",
@@ -880,6 +893,10 @@ def csv_rows(rep: Report) -> Iterable[list[Any]]:
     yield ["small_task_takeovers", "", "", "count", "", "", rep["small_task_takeovers"]]
     for name, share in _named_shares(rep):
         yield ["named", "", "", name, share["named"], share["total"], _ratio(share)]
+    for _, concern in CONCERNS:
+        concern_section = cast(dict[str, Any], rep).get(concern.key)
+        if concern_section is not None:
+            yield from concern.csv_rows(concern_section)
     for u in rep["unknown"]:
         yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
 
