@@ -3062,7 +3062,7 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
         {
           "type": "timeseries",
           "title": "Error share",
-          "description": "Share of the requests that ended which failed or were cancelled while they ran, and which were truncated (the context filled up). The red line is LlamaCppRequestErrorsHigh's threshold.",
+          "description": "Share of the requests that ended which failed or were cancelled while they ran, which were truncated (the context filled up), and which went on after a context shift (the context filled up and llama-server dropped part of the conversation: the model silently forgot it). The red line is LlamaCppRequestErrorsHigh's threshold.",
           "datasource": {
             "type": "prometheus",
             "uid": "${datasource}",
@@ -3125,6 +3125,21 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
                   },
                 ],
               },
+              {
+                "matcher": {
+                  "id": "byName",
+                  "options": "context shifted (forgot history)",
+                },
+                "properties": [
+                  {
+                    "id": "color",
+                    "value": {
+                      "mode": "fixed",
+                      "fixedColor": "orange",
+                    },
+                  },
+                ],
+              },
             ],
           },
           "options": {
@@ -3158,6 +3173,17 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "expr": "sum(rate(llamacpp_requests_finished_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\", reason=\"truncated\"}[$__rate_interval]))\n/\nsum(rate(llamacpp_requests_finished_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[$__rate_interval]))",
               "legendFormat": "truncated",
               "refId": "B",
+              "exemplar": false,
+              "range": true,
+            },
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "sum(rate(llamacpp_requests_context_shifted_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[$__rate_interval]))\n/\nsum(rate(llamacpp_requests_finished_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[$__rate_interval]))",
+              "legendFormat": "context shifted (forgot history)",
+              "refId": "C",
               "exemplar": false,
               "range": true,
             },
@@ -3343,6 +3369,59 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
             "w": 8,
             "x": 16,
             "y": 45,
+          },
+        },
+        {
+          "type": "timeseries",
+          "title": "Speculative decoding: draft acceptance",
+          "description": "Share of the draft model's tokens the target model accepted, by LoRA state (an adapter on the target and not on the draft lowers it). From the log's draft acceptance line, where the build logs it: no data means unknown (no draft model, or a build that does not say), never 0.",
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "fieldConfig": {
+            "defaults": {
+              "unit": "percentunit",
+              "custom": {
+                "drawStyle": "line",
+                "lineWidth": 1,
+                "fillOpacity": 10,
+                "showPoints": "never",
+              },
+              "min": 0,
+            },
+            "overrides": [],
+          },
+          "options": {
+            "legend": {
+              "displayMode": "list",
+              "placement": "bottom",
+              "showLegend": true,
+            },
+            "tooltip": {
+              "mode": "multi",
+              "sort": "desc",
+            },
+          },
+          "targets": [
+            {
+              "datasource": {
+                "type": "prometheus",
+                "uid": "${datasource}",
+              },
+              "expr": "sum by (lora) (rate(llamacpp_draft_tokens_accepted_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[$__rate_interval]))\n/\nsum by (lora) (rate(llamacpp_draft_tokens_total{" + $._config.cluster_label + "=~\"$cluster\", namespace=~\"$namespace\", job=~\"$job\", instance=~\"$instance\", model=~\"$model\"}[$__rate_interval]))",
+              "legendFormat": "{{lora}}",
+              "refId": "A",
+              "exemplar": false,
+              "range": true,
+            },
+          ],
+          "id": 34,
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 0,
+            "y": 53,
           },
         },
         {
@@ -3735,12 +3814,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "format": "table",
             },
           ],
-          "id": 34,
+          "id": 35,
           "gridPos": {
             "h": 9,
             "w": 24,
             "x": 0,
-            "y": 53,
+            "y": 61,
           },
         },
         {
@@ -3808,12 +3887,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "format": "heatmap",
             },
           ],
-          "id": 35,
+          "id": 36,
           "gridPos": {
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 62,
+            "y": 70,
           },
         },
         {
@@ -3881,16 +3960,16 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "format": "heatmap",
             },
           ],
-          "id": 36,
+          "id": 37,
           "gridPos": {
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 62,
+            "y": 70,
           },
         },
         {
-          "id": 37,
+          "id": 38,
           "type": "row",
           "title": "RAM prompt cache",
           "collapsed": false,
@@ -3899,7 +3978,7 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 70,
+            "y": 78,
           },
         },
         {
@@ -3958,12 +4037,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 38,
+          "id": 39,
           "gridPos": {
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 71,
+            "y": 79,
           },
         },
         {
@@ -4011,16 +4090,16 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 39,
+          "id": 40,
           "gridPos": {
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 71,
+            "y": 79,
           },
         },
         {
-          "id": 40,
+          "id": 41,
           "type": "row",
           "title": "Exporter health",
           "collapsed": false,
@@ -4029,7 +4108,7 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 79,
+            "y": 87,
           },
         },
         {
@@ -4077,12 +4156,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 41,
+          "id": 42,
           "gridPos": {
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 80,
+            "y": 88,
           },
         },
         {
@@ -4130,12 +4209,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 42,
+          "id": 43,
           "gridPos": {
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 80,
+            "y": 88,
           },
         },
         {
@@ -4183,12 +4262,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 43,
+          "id": 44,
           "gridPos": {
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 80,
+            "y": 88,
           },
         },
         {
@@ -4258,12 +4337,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 44,
+          "id": 45,
           "gridPos": {
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 88,
+            "y": 96,
           },
         },
         {
@@ -4311,12 +4390,12 @@ local minutes(w) = if std.endsWith(w, 'm') then std.substr(w, 0, std.length(w) -
               "range": true,
             },
           ],
-          "id": 45,
+          "id": 46,
           "gridPos": {
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 88,
+            "y": 96,
           },
         },
       ],

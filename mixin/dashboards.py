@@ -403,14 +403,21 @@ def latency(lay: Layout) -> None:
     lay.add(
         timeseries(
             "Error share",
-            "Share of the requests that ended which failed or were cancelled while they ran, and which were "
-            "truncated (the context filled up). The red line is LlamaCppRequestErrorsHigh's threshold.",
+            "Share of the requests that ended which failed or were cancelled while they ran, which were "
+            "truncated (the context filled up), and which went on after a context shift (the context filled up and "
+            "llama-server dropped part of the conversation: the model silently forgot it). The red line is "
+            "LlamaCppRequestErrorsHigh's threshold.",
             "percentunit",
             [
                 (q.finished_ratio(P.S, None, RI, q.FAILED_OR_CANCELLED), "failed or cancelled"),
                 (q.finished_ratio(P.S, None, RI, 'reason="truncated"'), "truncated"),
+                (q.context_shifted_ratio(P.S, None, RI), "context shifted (forgot history)"),
             ],
-            overrides=[color("failed or cancelled", "red"), color("truncated", "purple")],
+            overrides=[
+                color("failed or cancelled", "red"),
+                color("truncated", "purple"),
+                color("context shifted (forgot history)", "orange"),
+            ],
             threshold=P.THRESHOLDS["request_errors"]["ratio"],
             min_interval=QUANTILE_INTERVAL,
         ),
@@ -438,6 +445,18 @@ def latency(lay: Layout) -> None:
             quantiles(q.TPOT, "contention", "{{contention}}"),
             exemplar=True,
             min_interval=QUANTILE_INTERVAL,
+        ),
+        8,
+        8,
+    )
+    lay.add(
+        timeseries(
+            "Speculative decoding: draft acceptance",
+            "Share of the draft model's tokens the target model accepted, by LoRA state (an adapter on the target "
+            "and not on the draft lowers it). From the log's draft acceptance line, where the build logs it: no "
+            "data means unknown (no draft model, or a build that does not say), never 0.",
+            "percentunit",
+            [(q.draft_acceptance(P.S, "lora", RI), "{{lora}}")],
         ),
         8,
         8,

@@ -177,6 +177,21 @@ def over_objective_ratio(histogram: str, selector: str, by: str | None, window: 
     return f"1 - (\n{within_objective_ratio(histogram, selector, by, window, seconds)}\n)"
 
 
+CONTEXT_SHIFTED = "llamacpp_requests_context_shifted_total"
+DRAFT_TOKENS = "llamacpp_draft_tokens_total"
+DRAFT_ACCEPTED = "llamacpp_draft_tokens_accepted_total"
+
+
+def context_shifted_ratio(selector: str, by: str | None, window: str) -> str:
+    """Share of the requests that ended whose context filled up and lost history (context shift)."""
+    return f"{rate(CONTEXT_SHIFTED, selector, window, by)}\n/\n{rate(FINISHED, selector, window, by)}"
+
+
+def draft_acceptance(selector: str, by: str | None, window: str) -> str:
+    """Share of the draft model's tokens the target accepted (speculative decoding)."""
+    return f"{rate(DRAFT_ACCEPTED, selector, window, by)}\n/\n{rate(DRAFT_TOKENS, selector, window, by)}"
+
+
 def finished_ratio(selector: str, by: str | None, window: str, matchers: str) -> str:
     """Share of the requests that ended (llamacpp_requests_finished_total) ending as `matchers` says."""
     return f"{rate(FINISHED, selector, window, by, matchers)}\n/\n{rate(FINISHED, selector, window, by)}"

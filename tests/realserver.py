@@ -73,6 +73,18 @@ def model_files() -> tuple[Path, Path]:
     return Path(out[0]), Path(out[1])
 
 
+def tiny_llama_file() -> Path:
+    """A tiny llama-architecture model (tests/setup/make_tiny_llama.py): it shifts its KV cache,
+    which Gemma 3's sliding-window attention does not."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests/setup/make_tiny_llama.py"), str(MODELS)],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout.split()
+    return Path(out[-1])
+
+
 def wait_for(
     condition: Callable[[], T],
     what: str,

@@ -260,3 +260,25 @@ def test_router_names_in_client_driven_lines_are_only_read_as_names() -> None:
     )
     # a prefix of more than five digits is no router's port
     assert p.parse_line("[1234567] 0.00.000.815 I srv  llama_server: initializing ...").child is None
+
+
+@pytest.mark.parametrize(
+    "line,expected",
+    [
+        # recorded: b11434 with a draft model (-md, --spec-type draft-simple), a request with the adapter
+        (
+            "0.04.504.121 I slot print_timing: id  1 | task 9 | draft acceptance = 0.87179 (   34 accepted /    39 generated), mean len =  7.80",
+            p.DraftAcceptance(1, 9, 34, 39),
+        ),
+        # recorded: b11434, the tiny llama model, -c 256 --context-shift, a long answer
+        (
+            "0.00.477.196 W slot   operator(): id  0 | task 101 | slot context shift, n_keep = 1, n_left = 254, n_discard = 127",
+            p.ContextShift(0, 101, 127),
+        ),
+    ],
+)
+def test_draft_acceptance_and_context_shift_lines(line: str, expected: p.Event) -> None:
+    assert p.parse_line(line).event == expected
+    # the same lines reworded (invented): a build that changes them is seen, not ignored
+    reworded = line.replace("accepted /", "accepted of").replace("n_discard", "discarded")
+    assert isinstance(p.parse_line(reworded).event, p.Unrecognized)
