@@ -39,13 +39,18 @@ COMPILED = [
     "assemble/serverstate",
     "assemble/timeline",
     "demux",
+    "export/cache_outcome",
     "export/concern",
     "export/concerns",
+    "export/contention",
     "export/context_shift",
     "export/conversations",
     "export/families",
+    "export/latency",
     "export/metrics",
+    "export/request_endings",
     "export/speculative",
+    "export/task_kinds",
 ]
 
 # setup.py runs for every step of a PEP 517 build; only these build the package (the metadata

@@ -3,18 +3,22 @@ and how a record updates them (live), and its section of analyze's report (after
 side, so the two cannot drift. `concerns.py` lists them; the request metrics and the report take
 every concern from there.
 
-Speculative decoding (speculative.py) and context shift (context_shift.py) are built this way;
-the older concerns are still in metrics.py and offline/report.py.
+The live halves of every concern are built this way; of the report's halves, those of context
+shift and speculative decoding so far (the others are still written in offline/report.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from ..config import MetricsConfig
-from ..records import RequestRecord
+from ..records import LORA_STATES, PATHS, RequestRecord
 from .families import CounterValues, HistogramValues
+
+# the labels of the per-request families by selection path and LoRA state, and their values
+PATH_LORA: Final = ["model", "path", "lora"]
+PATH_LORA_VALUES: Final = (PATHS, LORA_STATES)
 
 # a report table: title, header, rows, note (the text and Markdown forms share them)
 Table = tuple[str, list[str], list[list[str]], str]

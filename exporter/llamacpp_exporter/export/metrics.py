@@ -9,9 +9,9 @@ from fixed sets (records.py) or slot ids the server announced, so cardinality is
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -19,29 +19,16 @@ from prometheus_client.registry import Collector
 
 from ..config import MetricsConfig
 from ..records import (
-    CONTENTION,
-    FINISH_REASONS,
-    LORA_STATES,
-    MISS_CAUSES,
-    OUTCOMES,
-    PATHS,
-    RESTORE_RESULTS,
     RequestRecord,
-    avoidable_prefill_seconds,
-    ended_unanswered,
-    finish_reason,
-    kept_by_larger_cache,
 )
 from .concern import ConcernMetrics
 from .concerns import CONCERNS
+from .contention import ContentionMetrics
 from .conversations import ConversationCosts
 from .exposition import Encoding, render_families
-from .families import CounterValues, FamiliesCollector, GaugeValues, HistogramValues
+from .families import CounterValues, FamiliesCollector, GaugeValues
+from .request_endings import RequestEndingsMetrics
 
-# the larger caches the live capacity figures are for (analyze gives the whole curve)
-LARGER_CACHE_LABELS: Final = {"2x": 2.0, "4x": 4.0}
-
-PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 CACHE_UPDATE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "oversized")
 # (logger, function) pairs of unrecognized lines kept apart; past this many a new pair counts as
@@ -49,12 +36,14 @@ LOG_LINE_RESULTS: Final = ("parsed", "ignored", "unrecognized", "unreadable", "o
 MAX_UNRECOGNIZED_KINDS: Final = 64
 # what the log accounts for, in the order of llamacpp_exporter_log_tokens_total's kinds
 LOG_TOKEN_KINDS: Final = ("prompt_computed", "prompt_cached", "generated")
-# how a request's conversation was found (records.JoinSource), or none for an embedding task
-CONVERSATION_SOURCES: Final = ("header", "lineage", "uncertain", "none")
+
+
+_C = TypeVar("_C")
 
 
 class RequestMetrics(FamiliesCollector):
-    """One finished request record -> counters and histograms by path, LoRA state and outcome.
+    """One finished request record -> the families of every concern it feeds (concerns.py), in
+    the order of the exposition.
 
     Plain numbers, turned into metric families at scrape time: a record's dozen updates cost
     no locks, and a scrape builds its samples without prometheus_client's per-child machinery.
@@ -62,218 +51,11 @@ class RequestMetrics(FamiliesCollector):
 
     def __init__(self, registry: CollectorRegistry, buckets: MetricsConfig | None = None) -> None:
         b = buckets or MetricsConfig()
-        families: list[CounterValues | HistogramValues] = []
-
-        def counter(name: str, doc: str, labels: list[str], space: Sequence[Sequence[str]] | None) -> CounterValues:
-            families.append(f := CounterValues(name, doc, labels, space))
-            return f
-
-        def histogram(
-            name: str, doc: str, labels: list[str], bounds: Sequence[float], space: Sequence[Sequence[str]]
-        ) -> HistogramValues:
-            families.append(f := HistogramValues(name, doc, labels, bounds, space))
-            return f
-
-        # each family with its labels and the values they take, in the order of the exposition
-        pl, pl_space = ["model", "path", "lora"], (PATHS, LORA_STATES)
-        self.requests = counter(
-            "llamacpp_requests", "Requests (tasks) completed, by slot-selection path and LoRA state.", pl, pl_space
-        )
-        self.cancelled = counter(
-            "llamacpp_requests_cancelled",
-            "Requests that ended without a timings block (cancelled or failed).",
-            pl,
-            pl_space,
-        )
-        self.finished = counter(
-            "llamacpp_requests_finished",
-            "Requests (tasks) that ended on a slot, by how, where the log states it: stop (an end of sequence, a stop "
-            "word or the token limit), truncated (the context filled up), cancelled (the client went away while it "
-            "ran), failed (an error), unknown (no timings and no cancel or error line: the log does not show how "
-            "it ended, e.g. a build that stopped logging its timings; never counted as a failure).",
-            ["model", "reason"],
-            (FINISH_REASONS,),
-        )
-        self.not_started = counter(
-            "llamacpp_requests_never_started",
-            "Requests that arrived (their conv_id line, -lv 4) and never started on a slot: their client gave up "
-            "while they were queued, or llama-server rejected them first. Counted once the server idles and the "
-            "log accounts for every arrival (never on a server that is never idle).",
-            ["model"],
-            (),
-        )
-        self.prompt_tokens = counter(
-            "llamacpp_prompt_tokens",
-            "Prompt tokens of completed requests (reused plus computed), where known.",
-            pl,
-            pl_space,
-        )
-        self.reused_tokens = counter(
-            "llamacpp_prompt_tokens_reused",
-            "Prompt tokens reused from the slot or the RAM prompt cache, where known.",
-            pl,
-            pl_space,
-        )
-        self.outcomes = counter(
-            "llamacpp_prompt_cache_outcomes",
-            "Prompt-cache outcome of requests with at least cache.min_prompt_tokens prompt tokens: hit (reused >= hit ratio), partial, miss (reused < miss ratio).",
-            [*pl, "outcome"],
-            (*pl_space, OUTCOMES),
-        )
-        self.misses = counter(
-            "llamacpp_prompt_cache_misses",
-            "Prompt-cache misses by cause: lora_discard, forced_reprocess (SWA/hybrid memory), evicted (the conversation's RAM-cache entry was evicted before it came back), no_cache_entry, slot_prefix_mismatch, unknown (-lv 3).",
-            [*pl, "cause"],
-            (*pl_space, MISS_CAUSES),
-        )
-        self.evicted_avoidable = counter(
-            "llamacpp_prompt_cache_evicted_misses_avoidable",
-            'Misses of conversations whose RAM-cache entry had been evicted (misses_total{cause="evicted"}) that '
-            "a --cache-ram this many times the one in force would have avoided: it would still have held the entry "
-            "(llama-server evicts the oldest entry first).",
-            ["model", "cache_ram"],
-            (tuple(LARGER_CACHE_LABELS),),
-        )
-        self.evicted_avoidable_seconds = counter(
-            "llamacpp_prompt_cache_evicted_prefill_avoidable_seconds",
-            "Prefill seconds of those misses a restore of the entry would have saved, by the same larger --cache-ram.",
-            ["model", "cache_ram"],
-            (tuple(LARGER_CACHE_LABELS),),
-        )
-        self.evicted_size_unknown = counter(
-            "llamacpp_prompt_cache_evicted_misses_size_unknown",
-            "Misses of conversations whose RAM-cache entry had been evicted, for which the log cannot tell the "
-            "cache size that would have kept it (the entry not followed from its eviction, or no byte limit).",
-            ["model"],
-            (),
-        )
-        self.restores = counter(
-            "llamacpp_prompt_cache_restores",
-            "RAM prompt-cache entries restored into a slot, by what became of them. discarded_lora_wrongful: "
-            "discarded for a LoRA change although computed under the request's LoRA configuration.",
-            ["model", "lora", "result"],
-            (LORA_STATES, RESTORE_RESULTS),
-        )
-        self.mismatch = counter(
-            "llamacpp_prompt_cache_lora_mismatch_reuse",
-            "Restored RAM-cache entries computed under another LoRA configuration and reused anyway (wrong-output risk).",
-            ["model", "lora"],
-            (LORA_STATES,),
-        )
-        self.prefill_seconds = histogram(
-            "llamacpp_prefill_duration_seconds",
-            "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
-            pl,
-            b.prefill_duration_buckets,
-            pl_space,
-        )
-        self.prefill_tokens = histogram(
-            "llamacpp_prefill_tokens",
-            "Prompt tokens computed (not reused) by a request's prefill.",
-            pl,
-            PREFILL_TOKENS_BUCKETS,
-            pl_space,
-        )
-        self.tpot = histogram(
-            "llamacpp_time_per_output_token_seconds",
-            "Mean decode time per output token of a request; contention=prefill when other slots prefilled during more than the configured fraction of its decoding.",
-            ["model", "contention"],
-            b.time_per_output_token_buckets,
-            (CONTENTION,),
-        )
-        self.queue = histogram(
-            "llamacpp_request_queue_seconds",
-            "Time a request waited from its arrival (its conv_id line, -lv 4) to its launch on a slot: for a free "
-            "slot, tokenizing; on a busy server, waiting for one. Observed where the log pins the arrival "
-            "to within 25 ms (else counted in llamacpp_request_latency_unknown_total).",
-            ["model"],
-            b.latency_buckets,
-            (),
-        )
-        self.ttft = histogram(
-            "llamacpp_time_to_first_token_seconds",
-            "Time to first token of a request: its queue time plus its prefill (llama-server's prompt eval time).",
-            ["model"],
-            b.latency_buckets,
-            (),
-        )
-        self.e2e = histogram(
-            "llamacpp_request_duration_seconds",
-            "End-to-end time of a request in llama-server: from its arrival to its slot's release (queue, "
-            "prefill and generation).",
-            ["model"],
-            b.latency_buckets,
-            (),
-        )
-        self.latency_unknown = counter(
-            "llamacpp_request_latency_unknown",
-            "Completed requests whose queue time, time to first token and end-to-end time are not observed: the log "
-            "does not pin their arrival (below -lv 4, or several requests arrived at once and the task ids do not "
-            "tell which was which).",
-            ["model"],
-            (),
-        )
-        self.overlap = counter(
-            "llamacpp_decode_prefill_overlap_seconds",
-            "Seconds during which this slot was decoding while another slot was prefilling.",
-            ["model", "slot"],
-            None,  # the slots the server announced (slots_known)
-        )
-        self.takeovers = counter(
-            "llamacpp_small_task_slot_takeovers",
-            "Requests with a small prompt placed on a slot that held a big conversation (e.g. a health probe evicting it).",
-            ["model"],
-            (),
-        )
-        self.conversation_joins = counter(
-            "llamacpp_exporter_conversation_joins",
-            "Requests by how their conversation was found: header (the X-Conversation-Id the request sent), lineage "
-            "(it sent none: cache lineage), uncertain (the log cannot prove which request the task was, so no "
-            "conversation is named), none (an embedding or rerank task).",
-            ["model", "source"],
-            (CONVERSATION_SOURCES,),
-        )
-        self.conversation_join_prefill = counter(
-            "llamacpp_exporter_conversation_join_prefill_seconds",
-            "Prefill seconds of completed requests by how their conversation was found, as in "
-            "llamacpp_exporter_conversation_joins_total: how much of the prefill work has a name.",
-            ["model", "source"],
-            (CONVERSATION_SOURCES,),
-        )
-        self.conversation_join_cost = counter(
-            "llamacpp_exporter_conversation_join_cost_to_others_seconds",
-            "Seconds of other requests' decoding that a request's prefill overlapped, by how that request's "
-            "conversation was found once the log settled it (uncertain: never proven): how much of the slowdown "
-            "has a name.",
-            ["model", "source"],
-            (CONVERSATION_SOURCES,),
-        )
-        self.choices = counter(
-            "llamacpp_request_choices",
-            "Choices generated by completed requests: 1 each, n for a request with n > 1 (its child tasks are "
-            "its other choices, not requests of their own).",
-            ["model"],
-            (),
-        )
-        self.embedding_tasks = counter(
-            "llamacpp_embedding_tasks",
-            "Embedding or rerank tasks (one per input) that ended: they evaluate a prompt and sample nothing, and "
-            "never use the RAM prompt cache (told apart at -lv 4).",
-            ["model"],
-            (),
-        )
-        self.embedding_tokens = counter(
-            "llamacpp_embedding_prompt_tokens",
-            "Prompt tokens evaluated by embedding or rerank tasks.",
-            ["model"],
-            (),
-        )
-        # the concerns built one module each (concerns.py), after the families above
         self.concerns: list[ConcernMetrics] = [live(b) for live, _ in CONCERNS]
-        for c in self.concerns:
-            families.extend(c.families)
-        super().__init__(families)
-        self._slots: dict[str, set[int]] = {}
+        super().__init__([f for c in self.concerns for f in c.families])
+        # the concerns told of more than records
+        self.endings = _the(self.concerns, RequestEndingsMetrics)
+        self.contention = _the(self.concerns, ContentionMetrics)
         self.models: set[str] = set()
         self.model_known("")
         registry.register(self)
@@ -304,87 +86,23 @@ class RequestMetrics(FamiliesCollector):
         self.models.discard(model)
 
     def slots_known(self, model: str, slot_ids: list[int]) -> None:
-        self._slots.setdefault(model, set()).update(slot_ids)
-        for i in slot_ids:
-            key = (model, str(i))
-            if key not in self.overlap.values:
-                self.overlap.add(key, 0.0)
+        self.contention.slots_known(model, slot_ids)
 
     def record(self, rec: RequestRecord) -> None:
-        model = rec.model
-        if model not in self.models:
-            self.model_known(model)
+        if rec.model not in self.models:
+            self.model_known(rec.model)
         for c in self.concerns:
             c.update(rec)
-        self.conversation_joins.add((model, rec.conversation_source or "none"))
-        if rec.prefill_seconds:
-            self.conversation_join_prefill.add((model, rec.conversation_source or "none"), rec.prefill_seconds)
-        if rec.kind != "completion":
-            self.embedding_tasks.add((model,))
-            if rec.prompt_tokens is not None:
-                self.embedding_tokens.add((model,), rec.prompt_tokens)
-            return
-        key = (model, rec.path, rec.lora)
-        lora = rec.lora
-        exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
-        if rec.conversation:
-            exemplar["conversation"] = rec.conversation
-        self.finished.add((model, finish_reason(rec)))
-        if ended_unanswered(rec):
-            self.cancelled.add(key)
-        else:
-            self.requests.add(key)
-            self.choices.add((model,), rec.choices)
-            self._latency(rec, exemplar)
-        if rec.prompt_tokens is not None and rec.reused_tokens is not None:
-            self.prompt_tokens.add(key, rec.prompt_tokens)
-            self.reused_tokens.add(key, rec.reused_tokens)
-        if rec.outcome is not None:
-            self.outcomes.add((*key, rec.outcome))
-        if rec.outcome == "miss" and rec.miss_cause is not None:
-            self.misses.add((*key, rec.miss_cause))
-            if rec.miss_cause == "evicted":
-                self._larger_cache(rec)
-        if rec.restore_result is not None:
-            self.restores.add((model, lora, rec.restore_result))
-        if rec.lora_mismatch_reuse:
-            self.mismatch.add((model, lora))
-        if rec.small_task_takeover:
-            self.takeovers.add((model,))
-        if rec.prefill_seconds is not None:
-            self.prefill_seconds.observe(key, rec.prefill_seconds, exemplar)
-        if rec.prefill_tokens is not None:
-            self.prefill_tokens.observe(key, rec.prefill_tokens, exemplar)
-        if rec.time_per_output_token_seconds is not None and rec.contention is not None:
-            self.tpot.observe((model, rec.contention), rec.time_per_output_token_seconds, exemplar)
-        if rec.overlap_seconds and rec.slot in self._slots.get(model, ()):
-            self.overlap.add((model, str(rec.slot)), rec.overlap_seconds)
 
     def never_started(self, model: str) -> None:
-        self.not_started.add((model,))
+        self.endings.never_started(model)
 
     def join_cost(self, model: str, source: str, seconds: float) -> None:
-        self.conversation_join_cost.add((model, source), seconds)
+        self.contention.join_cost(model, source, seconds)
 
-    def _larger_cache(self, rec: RequestRecord) -> None:
-        if kept_by_larger_cache(rec, 1.0) is None:
-            self.evicted_size_unknown.add((rec.model,))
-            return
-        saved = avoidable_prefill_seconds(rec)
-        for label, factor in LARGER_CACHE_LABELS.items():
-            if kept_by_larger_cache(rec, factor):
-                self.evicted_avoidable.add((rec.model, label))
-                self.evicted_avoidable_seconds.add((rec.model, label), saved)
 
-    def _latency(self, rec: RequestRecord, exemplar: dict[str, str]) -> None:
-        key = (rec.model,)
-        q = rec.queue_seconds
-        if q is None or rec.prefill_seconds is None or rec.start_us is None or rec.end_us is None:
-            self.latency_unknown.add(key)
-            return
-        self.queue.observe(key, q, exemplar)
-        self.ttft.observe(key, q + rec.prefill_seconds, exemplar)
-        self.e2e.observe(key, q + (rec.end_us - rec.start_us) / 1e6, exemplar)
+def _the(concerns: list[ConcernMetrics], kind: type[_C]) -> _C:
+    return next(c for c in concerns if isinstance(c, kind))
 
 
 @dataclass(slots=True)

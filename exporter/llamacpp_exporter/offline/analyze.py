@@ -227,7 +227,7 @@ def read_logs(
 def join_costs(pl: Pipeline) -> tuple[float, float]:
     """The seconds of decoding that prefills overlapped, of named conversations and in all (those
     still waiting for a proof at the end of the log count as not named)."""
-    by_source = pl.requests.conversation_join_cost.values
+    by_source = pl.requests.contention.conversation_join_cost.values
     named = sum(v for (_, source), v in by_source.items() if source in ("header", "lineage"))
     pending = sum(sum(a.attribution.late_costs.values()) for a in pl.assemblers)
     return named, sum(by_source.values()) + pending

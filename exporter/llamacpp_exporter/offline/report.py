@@ -318,7 +318,7 @@ class ReportBuilder:
         self.curve = _CacheSizeCurve()
         self.named = [0, 0]  # completed requests with a conversation, all
         self.named_prefill = [0.0, 0.0]
-        self.concerns: list[ConcernReport] = [report() for _, report in CONCERNS]  # export/concerns.py
+        self.concerns: list[ConcernReport] = [report() for _, report in CONCERNS if report is not None]
 
     def count(self, r: RequestRecord) -> None:
         for concern in self.concerns:
@@ -679,8 +679,8 @@ def _tables(rep: Report) -> list[tuple[str, list[str], list[list[str]], str]]:
         )
     )
     for _, concern in CONCERNS:
-        section = cast(dict[str, Any], rep).get(concern.key)
-        if section is not None:
+        section = cast(dict[str, Any], rep).get(concern.key) if concern is not None else None
+        if concern is not None and section is not None:
             out.append(concern.table(section))
     out.append(
         (
@@ -894,8 +894,8 @@ def csv_rows(rep: Report) -> Iterable[list[Any]]:
     for name, share in _named_shares(rep):
         yield ["named", "", "", name, share["named"], share["total"], _ratio(share)]
     for _, concern in CONCERNS:
-        concern_section = cast(dict[str, Any], rep).get(concern.key)
-        if concern_section is not None:
+        concern_section = cast(dict[str, Any], rep).get(concern.key) if concern is not None else None
+        if concern is not None and concern_section is not None:
             yield from concern.csv_rows(concern_section)
     for u in rep["unknown"]:
         yield ["unknown", "", "", u["what"], u["requests"], "", u["why"]]
