@@ -56,7 +56,8 @@ def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path: Path)
 
     path = tmp_path / "events.jsonl"
     reg = CollectorRegistry()
-    ev = EventsFile(str(path), reg, max_bytes=8192, max_files=3)
+    max_bytes = 16384  # about a dozen records a file
+    ev = EventsFile(str(path), reg, max_bytes=max_bytes, max_files=3)
     for i in range(200):
         ev.write(RequestRecord(epoch=0, slot=0, task=i, prompt_tokens=i, start_us=i))
     ev.close()
@@ -70,7 +71,7 @@ def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path: Path)
     tasks = [json.loads(line)["task"] for n in names for line in open(n)]
     # the newest records, in order, each line whole; the oldest files are gone: bounded
     assert tasks == list(range(200 - len(tasks), 200)) and 20 < len(tasks) < 200
-    assert all(0 < (tmp_path / n).stat().st_size <= 8192 for n in names)
+    assert all(0 < (tmp_path / n).stat().st_size <= max_bytes for n in names)
     rotations = reg.get_sample_value("llamacpp_exporter_events_rotations_total")
     assert rotations is not None and rotations > 3
     assert reg.get_sample_value("llamacpp_exporter_events_written_total") == 200
