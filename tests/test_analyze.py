@@ -28,6 +28,7 @@ from support import expected_from_truth, samples, truths
 from llamacpp_exporter.assemble.classify import outcome
 from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.export.concern import RATE_PATHS, fmt_rate, rate
 from llamacpp_exporter.offline import analyze, plots, report
 from llamacpp_exporter.records import LORA_STATES, MISS_CAUSES, PATHS, RESTORE_RESULTS, RequestRecord
 
@@ -200,9 +201,9 @@ def test_each_request_that_could_not_have_hit_is_excluded_under_one_reason() -> 
 
 
 def test_rates_are_written_with_their_counts_and_small_samples_are_flagged() -> None:
-    assert report.fmt_rate(report.rate(61, 79)) == "77% (61/79)"
-    assert report.fmt_rate(report.rate(3, 8)) == "38% (3/8) *"
-    assert report.fmt_rate(report.rate(0, 0)) == "-"
+    assert fmt_rate(rate(61, 79)) == "77% (61/79)"
+    assert fmt_rate(rate(3, 8)) == "38% (3/8) *"
+    assert fmt_rate(rate(0, 0)) == "-"
 
 
 @pytest.mark.parametrize("fmt", ["text", "markdown", "csv", "json"])
@@ -211,7 +212,7 @@ def test_every_format_renders_the_same_report(fmt: str, capsys: pytest.CaptureFi
     assert analyze.main([path, "--format", fmt, "--min-prompt-tokens", "1"]) == 0
     out = capsys.readouterr().out
     rep = json_report([path], AssemblySettings(min_prompt_tokens=1))
-    every = report.fmt_rate(rep["miss_rate"]["all"]["all"])
+    every = fmt_rate(rep["miss_rate"]["all"]["all"])
     if fmt == "json":
         assert json.loads(out)["miss_rate"] == rep["miss_rate"]
     elif fmt == "csv":
@@ -475,7 +476,7 @@ def test_two_windows_split_every_count_of_the_whole(tmp_path: Path, capsys: pyte
     a, b = both["a"], both["b"]
     assert a["requests"]["total"] > 0 and b["requests"]["total"] > 0
     assert a["requests"]["total"] + b["requests"]["total"] == whole["requests"]["total"]
-    for path in report.RATE_PATHS:
+    for path in RATE_PATHS:
         for key in ("numerator", "denominator"):
             assert (
                 a["miss_rate"][path]["all"][key] + b["miss_rate"][path]["all"][key]
@@ -514,7 +515,7 @@ def test_two_log_sets_compared_side_by_side(capsys: pytest.CaptureFixture[str]) 
     assert both["b"]["miss_rate"] == run_json(capsys, second)["miss_rate"]
     assert analyze.main([first, "--compare-with", second]) == 0
     text = capsys.readouterr().out
-    assert report.fmt_rate(both["b"]["miss_rate"]["all"]["all"]) in text
+    assert fmt_rate(both["b"]["miss_rate"]["all"]["all"]) in text
 
 
 # ------------------------------------------------------------------ charts

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.export.concern import group_percentiles
 from llamacpp_exporter.offline import analyze, report
 from llamacpp_exporter.offline.store import BATCH, RecordStore, StoredValues
 from llamacpp_exporter.pipeline import replay
@@ -145,8 +146,8 @@ def test_stored_percentiles_are_those_of_the_sorted_values() -> None:
             stored.add(group, v)
             listed.add(group, v)
         for group in ("a", "b", "c", "one", "none"):
-            assert report._percentiles(stored, group) == report._percentiles(listed, group), group
-        assert report._percentiles(stored, "a")["count"] == (3 * BATCH + 17) // 4
+            assert group_percentiles(stored, group) == group_percentiles(listed, group), group
+        assert group_percentiles(stored, "a")["count"] == (3 * BATCH + 17) // 4
     finally:
         store.close()
 

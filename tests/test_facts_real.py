@@ -76,7 +76,7 @@ def test_context_shifts_are_counted_per_request_as_the_log_and_the_responses_say
     assert not samples(text, "llamacpp_draft_tokens_total")  # never 0 where nothing drafted
     # afterwards: the same figures from the log alone
     rep = report.build(analyze.analyze(analyze.Inputs([str(srv.log_path)], []), AssemblySettings()).records)
-    section = rep["context_shift"]  # type: ignore[typeddict-item]
+    section = rep["context_shift"]
     assert (section["requests"], section["completed_requests"], section["discarded_tokens"]) == (2, 4, discarded)
     assert "Context shifts: requests that forgot part of their conversation" in report.to_text(rep)
     assert "speculative_decoding" not in rep
@@ -121,7 +121,7 @@ def test_draft_acceptance_per_request_is_the_responses_draft_counts(tmp_path: Pa
     ):
         assert samples(text, name) == {(("lora", lo),): float(v[i]) for lo, v in by_lora.items()}, name
     rep = report.build(analyze.analyze(analyze.Inputs([str(srv.log_path)], []), AssemblySettings()).records)
-    section = rep["speculative_decoding"]  # type: ignore[typeddict-item]
+    section = rep["speculative_decoding"]
     everything = section["by_lora"]["all"]
     assert (everything["requests"], everything["draft_tokens"], everything["accepted_tokens"]) == (
         4,

@@ -14,8 +14,8 @@ import pytest
 
 from llamacpp_exporter.assemble.finish import AssemblySettings
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
+from llamacpp_exporter.export.report_types import Report
 from llamacpp_exporter.offline import analyze, findings, report
-from llamacpp_exporter.offline.report_types import Report
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 SETTINGS = AssemblySettings(min_prompt_tokens=1)

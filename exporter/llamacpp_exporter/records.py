@@ -49,6 +49,7 @@ _SELECTION_PATH: dict[str, SelectionPath] = {"lcp": "slot", "lru": "ram", "id": 
 
 # Larger caches the capacity figures are given for, as multiples of the --cache-ram in force
 LARGER_CACHE_FACTORS = (1.25, 1.5, 2.0, 3.0, 4.0)
+MIB = 1048576.0  # the log's cache sizes are in MiB; records hold bytes
 
 
 def evicted_miss(rec: RequestRecord) -> bool:

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from .. import parse as p
-from ..records import selection_path
+from ..records import MIB, selection_path
 from .cachemirror import CacheMirror, Source
 from .draft import TaskDraft
 
-MIB: Final = 1048576.0
 # An entry this long or longer that a prompt contains whole is that prompt's own history: a
 # short one (a chat template's first tokens, a one-line probe) could be anyone's prefix.
 CONTAINED_MIN_TOKENS: Final = 32

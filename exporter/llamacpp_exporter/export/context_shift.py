@@ -11,8 +11,9 @@ from typing import Any
 
 from ..config import MetricsConfig
 from ..records import RequestRecord
-from .concern import Table, percent, ratio
+from .concern import ConcernReport, ReportInputs, ReportSettings, Table, percent, ratio
 from .families import CounterValues, HistogramValues
+from .report_types import Report
 
 
 class ContextShiftMetrics:
@@ -46,10 +47,11 @@ class ContextShiftMetrics:
             self.discarded.add(key, rec.context_shift_discarded_tokens)
 
 
-class ContextShiftReport:
+class ContextShiftReport(ConcernReport):
     key = "context_shift"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ReportSettings) -> None:
+        super().__init__(settings)
         self.completed = self.requests = self.shifts = self.discarded = self.most = 0
 
     def count(self, rec: RequestRecord) -> None:
@@ -62,7 +64,11 @@ class ContextShiftReport:
             self.discarded += rec.context_shift_discarded_tokens
             self.most = max(self.most, rec.context_shift_discarded_tokens)
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self, given: ReportInputs) -> dict[str, Any]:
+        section = self._section()
+        return {} if section is None else {self.key: section}
+
+    def _section(self) -> dict[str, Any] | None:
         if not self.requests:
             return None  # nothing to say (the line is logged at every verbosity: none shifted)
         return {
@@ -75,7 +81,12 @@ class ContextShiftReport:
         }
 
     @staticmethod
-    def table(section: dict[str, Any]) -> Table:
+    def tables(rep: Report) -> list[Table]:
+        section = rep.get("context_shift")
+        return [] if section is None else [ContextShiftReport._table(section)]
+
+    @staticmethod
+    def _table(section: dict[str, Any]) -> Table:
         return (
             "Context shifts: requests that forgot part of their conversation",
             ["", "value"],
@@ -90,7 +101,10 @@ class ContextShiftReport:
         )
 
     @staticmethod
-    def csv_rows(section: dict[str, Any]) -> Iterable[list[Any]]:
+    def csv_rows(rep: Report) -> Iterable[list[Any]]:
+        section = rep.get("context_shift")
+        if section is None:
+            return
         yield [
             "context_shift",
             "",

@@ -1,15 +1,31 @@
 """How long requests took: prefill (and the tokens it computed), time per output token by
 contention, and, where the log pins the arrival, queue time, time to first token and end to end.
-Exemplars name the slot, the task and the conversation."""
+Exemplars name the slot, the task and the conversation. Afterwards, the report's prefill
+durations by selection path and its count of large prefills (time per output token is read there
+as contention: contention.py)."""
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Iterable
+from typing import Any, Final
 
 from ..config import MetricsConfig
 from ..records import CONTENTION, RequestRecord, ended_unanswered
-from .concern import PATH_LORA, PATH_LORA_VALUES
+from .concern import (
+    PATH_LORA,
+    PATH_LORA_VALUES,
+    PERCENTILE_KEYS,
+    RATE_PATHS,
+    ConcernReport,
+    ReportInputs,
+    ReportSettings,
+    Table,
+    group_percentiles,
+    percentile_row,
+    secs,
+)
 from .families import CounterValues, HistogramValues
+from .report_types import Report
 
 PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 
@@ -105,3 +121,46 @@ class LatencyMetrics:
         self.queue.observe(key, q, exemplar)
         self.ttft.observe(key, q + rec.prefill_seconds, exemplar)
         self.e2e.observe(key, q + (rec.end_us - rec.start_us) / 1e6, exemplar)
+
+
+class LatencyReport(ConcernReport):
+    def __init__(self, settings: ReportSettings) -> None:
+        super().__init__(settings)
+        self.large = 0
+
+    def count(self, rec: RequestRecord) -> None:
+        if rec.kind != "completion":
+            return
+        if rec.prefill_seconds is not None:
+            self.settings.values.add("prefill:" + rec.path, rec.prefill_seconds)
+            self.settings.values.add("prefill:all", rec.prefill_seconds)
+        self.large += (rec.prefill_tokens or 0) >= self.settings.large_prefill_tokens
+
+    def result(self, given: ReportInputs) -> dict[str, Any]:
+        return {
+            "prefill_seconds": {p: group_percentiles(self.settings.values, "prefill:" + p) for p in RATE_PATHS},
+            "large_prefills": {"min_tokens": self.settings.large_prefill_tokens, "count": self.large},
+        }
+
+    @staticmethod
+    def tables(rep: Report) -> list[Table]:
+        large = rep["large_prefills"]
+        return [
+            (
+                "Prefill duration (s)",
+                ["path", "count", "p50", "p90", "p99", "max"],
+                [percentile_row(p, rep["prefill_seconds"][p]) for p in RATE_PATHS],
+                f"large prefills (>= {large['min_tokens']} tokens computed): {large['count']}",
+            )
+        ]
+
+    @staticmethod
+    def csv_rows(rep: Report) -> Iterable[list[Any]]:
+        for p in RATE_PATHS:
+            for k in PERCENTILE_KEYS:
+                yield ["prefill_seconds", p, "", k, "", "", rep["prefill_seconds"][p][k]]
+
+    @staticmethod
+    def comparison_rows(a: Report, b: Report) -> list[list[str]]:
+        pa, pb = a["prefill_seconds"]["all"], b["prefill_seconds"]["all"]
+        return [[f"prefill duration {q} (s)", secs(pa[q]), secs(pb[q])] for q in ("p50", "p90")]

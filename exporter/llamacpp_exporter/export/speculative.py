@@ -15,8 +15,9 @@ from typing import Any
 
 from ..config import MetricsConfig
 from ..records import LORA_STATES, RequestRecord
-from .concern import Table, percent, ratio
+from .concern import ConcernReport, ReportInputs, ReportSettings, Table, percent, ratio
 from .families import CounterValues, HistogramValues
+from .report_types import Report
 
 
 def drafted(rec: RequestRecord) -> bool:
@@ -54,10 +55,11 @@ class SpeculativeMetrics:
         self.accepted.add(key, rec.draft_tokens_accepted or 0)
 
 
-class SpeculativeReport:
+class SpeculativeReport(ConcernReport):
     key = "speculative_decoding"
 
-    def __init__(self) -> None:
+    def __init__(self, settings: ReportSettings) -> None:
+        super().__init__(settings)
         # by LoRA state: requests, draft tokens, accepted tokens
         self.by_lora: dict[str, list[int]] = {}
         self.completed = 0
@@ -77,7 +79,11 @@ class SpeculativeReport:
         if rec.draft_acceptance is not None and (self.lowest is None or rec.draft_acceptance < self.lowest):
             self.lowest = rec.draft_acceptance
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self, given: ReportInputs) -> dict[str, Any]:
+        section = self._section()
+        return {} if section is None else {self.key: section}
+
+    def _section(self) -> dict[str, Any] | None:
         if not self.by_lora:
             return None
         return {
@@ -92,7 +98,12 @@ class SpeculativeReport:
         }
 
     @staticmethod
-    def table(section: dict[str, Any]) -> Table:
+    def tables(rep: Report) -> list[Table]:
+        section = rep.get("speculative_decoding")
+        return [] if section is None else [SpeculativeReport._table(section)]
+
+    @staticmethod
+    def _table(section: dict[str, Any]) -> Table:
         rows = [
             [lo, str(r["requests"]), str(r["draft_tokens"]), str(r["accepted_tokens"]), percent(r["acceptance"])]
             for lo, r in section["by_lora"].items()
@@ -106,7 +117,10 @@ class SpeculativeReport:
         )
 
     @staticmethod
-    def csv_rows(section: dict[str, Any]) -> Iterable[list[Any]]:
+    def csv_rows(rep: Report) -> Iterable[list[Any]]:
+        section = rep.get("speculative_decoding")
+        if section is None:
+            return
         for lo, r in section["by_lora"].items():
             yield ["speculative_decoding", "", lo, "requests", "", "", r["requests"]]
             yield [

@@ -42,11 +42,11 @@ from ..config import (
 )
 from ..export.conversations import ConversationCosts
 from ..export.events import events_files
+from ..export.report_types import Report, Unknown
 from ..pipeline import Pipeline
 from ..records import ConversationProof, RecordKey, RequestRecord, record_from_event
 from . import plots, report
 from .history import History
-from .report_types import Report, Unknown
 from .store import RecordStore, StoredValues, write_jsonl
 
 log = logging.getLogger("llamacpp_exporter.offline.analyze")

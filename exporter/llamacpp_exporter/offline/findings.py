@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .report_types import CacheSizeCurve, Finding, Rate, Report
+from ..export.report_types import CacheSizeCurve, Finding, Rate, Report
 
 SEVERITIES = ("critical", "warning", "info", "small_sample")
 

@@ -8,7 +8,7 @@ from typing import Any, TypedDict
 
 
 class Rate(TypedDict):
-    """A rate with its numerator and denominator; small_sample below report.SMALL_SAMPLE."""
+    """A rate with its numerator and denominator; small_sample below concern.SMALL_SAMPLE."""
 
     numerator: int
     denominator: int
@@ -56,7 +56,7 @@ class Unknown(TypedDict):
 
 class CouldHaveHit(TypedDict):
     gap_seconds: float
-    excluded: dict[str, int]  # report.EXCLUSIONS -> requests left out for it
+    excluded: dict[str, int]  # cache_outcome.EXCLUSIONS -> requests left out for it
     considered: int
     miss_rate: MissTable
 
@@ -69,7 +69,7 @@ class CurvePoint(TypedDict):
 
 
 class CacheSizeCurve(TypedDict):
-    """Would a larger --cache-ram have helped (see report._CacheSizeCurve)."""
+    """Would a larger --cache-ram have helped (see cache_outcome.CacheSizeCurveCount)."""
 
     evicted_misses: int
     prefill_seconds: float
@@ -126,21 +126,29 @@ class Named(TypedDict):
     cost_to_others_seconds: Share | None
 
 
-class Report(TypedDict):
+class _Report(TypedDict):
     sources: dict[str, Any]  # what was read: files, lines, runs (analyze.Analysis.sources)
     findings: list[Finding]
     requests: Requests
-    unknown: list[Unknown]
     miss_rate: MissTable
     could_have_hit: CouldHaveHit
     miss_causes: ByLora
     restores: ByLora
     cache_size_curve: CacheSizeCurve
+    lora_mismatch_reuse: dict[str, int]
     prefill_seconds: dict[str, Percentiles]  # by selection path, and "all"
     large_prefills: LargePrefills
     time_per_output_token_seconds: TimePerOutputToken
     small_task_takeovers: int
     small_task_takeover_details: dict[str, Percentiles]  # prompt_tokens, slot_tokens_before, interval_seconds
-    lora_mismatch_reuse: dict[str, int]
     top_conversations: TopConversations
     named: Named
+    unknown: list[Unknown]
+
+
+class Report(_Report, total=False):
+    """The report, in the order of its JSON output: each part's sections in the order of
+    export/concerns.py. A concern with nothing to say leaves its sections out."""
+
+    context_shift: dict[str, Any]  # context_shift.py
+    speculative_decoding: dict[str, Any]  # speculative.py
