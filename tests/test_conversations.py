@@ -110,7 +110,7 @@ def test_cost_store_top_n_and_other() -> None:
     now = [1000.0]
     costs = ConversationCosts(window_seconds=600, top_n=2, clock=lambda: now[0])
     for name, cost in (("ca", 5.0), ("cb", 1.0), ("cc", 3.0), ("cd", 0.5)):
-        costs.request(rec(name, wasted=100))
+        costs.record(rec(name, wasted=100))
         costs.cost(name, cost)
     rows = costs.snapshot()
     assert [r["conversation"] for r in rows] == ["ca", "cc", "cb", "cd"]
@@ -128,7 +128,7 @@ def test_cost_store_top_n_and_other() -> None:
 def test_cost_store_is_bounded() -> None:
     costs = ConversationCosts(max_conversations=100)
     for i in range(1000):
-        costs.request(rec(f"c{i}"))
+        costs.record(rec(f"c{i}"))
     assert len(costs.snapshot()) == 100
 
 
@@ -139,10 +139,10 @@ def test_cost_store_forgets_conversations_last_seen_before_the_window() -> None:
     costs = ConversationCosts(window_seconds=120, max_conversations=10_000, clock=lambda: now[0])
     for i in range(3000):
         now[0] += 0.5  # 2 per second: 240 conversations in a window of 120 s
-        costs.request(rec(f"c{i}"))
+        costs.record(rec(f"c{i}"))
     assert 240 <= len(costs._convs) <= 240 + 2 * 60  # the window, and the minute it is cut at
     assert len(costs.snapshot()) == len(costs._convs)
-    costs.request(rec("c0"))  # one forgotten comes back: counted afresh
+    costs.record(rec("c0"))  # one forgotten comes back: counted afresh
     assert next(r for r in costs.snapshot() if r["conversation"] == "c0")["requests"] == 1
 
 
@@ -263,7 +263,7 @@ def test_the_scrapes_top_and_other_equal_the_sums_of_every_conversations_buckets
         now[0] += rnd.choice((0.5, 3.0, 20.0, 90.0 if step % 97 == 0 else 1.0))
         name = f"c{rnd.randrange(40)}"
         if rnd.random() < 0.7:
-            costs.request(rec(name, wasted=rnd.randrange(50)))
+            costs.record(rec(name, wasted=rnd.randrange(50)))
         else:
             costs.cost(name, rnd.random() * 2)
         if step % 50 == 0:

@@ -32,7 +32,7 @@ def test_a_write_that_fails_part_way_leaves_no_partial_line(tmp_path: Path) -> N
         reg = CollectorRegistry()
         ev = EventsFile({str(path)!r}, reg)
         for i in range(100):
-            ev.write(RequestRecord(epoch=0, slot=0, task=i, prompt_tokens=i))
+            ev.record(RequestRecord(epoch=0, slot=0, task=i, prompt_tokens=i))
         ev.close()
         print(reg.get_sample_value("llamacpp_exporter_events_written_total"),
               reg.get_sample_value("llamacpp_exporter_events_write_errors_total"))
@@ -59,7 +59,7 @@ def test_the_events_file_rotates_at_its_size_and_keeps_its_count(tmp_path: Path)
     max_bytes = 16384  # about a dozen records a file
     ev = EventsFile(str(path), reg, max_bytes=max_bytes, max_files=3)
     for i in range(200):
-        ev.write(RequestRecord(epoch=0, slot=0, task=i, prompt_tokens=i, start_us=i))
+        ev.record(RequestRecord(epoch=0, slot=0, task=i, prompt_tokens=i, start_us=i))
     ev.close()
     names = events_files(str(path))
     assert [n.rsplit("/", 1)[1] for n in names] == [
@@ -92,8 +92,8 @@ def test_max_bytes_zero_never_rotates_and_max_files_zero_keeps_no_copy(tmp_path:
     a = EventsFile(str(never), CollectorRegistry(), max_bytes=0, max_files=3)
     b = EventsFile(str(none_kept), CollectorRegistry(), max_bytes=4096, max_files=0)
     for i in range(50):
-        a.write(RequestRecord(epoch=0, slot=0, task=i))
-        b.write(RequestRecord(epoch=0, slot=0, task=i))
+        a.record(RequestRecord(epoch=0, slot=0, task=i))
+        b.record(RequestRecord(epoch=0, slot=0, task=i))
     a.close()
     b.close()
     assert events_files(str(never)) == [str(never)] and len(never.read_text().splitlines()) == 50
@@ -139,7 +139,7 @@ def test_a_proof_line_is_read_back_as_written_and_a_broken_one_is_refused(tmp_pa
     ev = EventsFile(str(path), CollectorRegistry())
     rec = RequestRecord(epoch=2, slot=1, task=7, start_us=900, model="m")
     proof = ConversationProof(rec.key, rec.epoch, "c0ffee", "lineage")
-    ev.write_proof(proof)
+    ev.proven(rec, proof)
     ev.close()
     (line,) = [json.loads(x) for x in open(path)]
     assert ConversationProof.from_event(line) == proof

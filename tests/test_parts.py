@@ -253,11 +253,18 @@ def test_overlap_is_charged_to_the_prefilling_conversations() -> None:
 
 
 # ------------------------------------------------------------ finish
+class Records(list[RequestRecord]):
+    """The finisher's sink: the records that left, in order."""
+
+    def record(self, record: RequestRecord) -> None:
+        self.append(record)
+
+
 def finisher(slots_polled: bool = False) -> tuple[Finisher, list[RequestRecord]]:
-    out: list[RequestRecord] = []
+    out = Records()
     att, _ = attribution()
     att.lineage_only = True
-    return Finisher(out.append, AssemblySettings(), LoraTracker(), att, slots_polled), out
+    return Finisher(out, AssemblySettings(), LoraTracker(), att, slots_polled), out
 
 
 def test_a_released_task_waits_for_its_lora_until_a_later_poll_missed_it() -> None:
@@ -266,7 +273,8 @@ def test_a_released_task_waits_for_its_lora_until_a_later_poll_missed_it() -> No
     f.add(TaskDraft(epoch=0, slot=0, task=1, start_us=0, end_us=10))
     f.try_finish(20)
     assert out == []  # the next /slots poll may still show its LoRA list
-    f.snapshot_seq += 2  # two polls after the release did not show it
+    f.slots_seen()  # two polls after the release did not show it
+    f.slots_seen()
     f.try_finish(30)
     assert [r.lora for r in out] == ["unknown"]  # unknown, not a guess
 

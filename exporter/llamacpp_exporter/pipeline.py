@@ -2,8 +2,9 @@
 
 Single-threaded and replayable: ``Pipeline.process_line`` is the hot path, used both by
 the live exporter (fed by the tailer thread's queue) and by a replay of a file on disk.
-Each finished record goes to every consumer in turn (request metrics, conversation costs,
-the events file, a caller's callback); line-level facts go to the log metrics directly.
+Each finished record, and each conversation proven after its record went out, goes to every
+``RecordConsumer`` in turn (request metrics, conversation costs, the events file, a caller's);
+line-level facts go to the log metrics directly.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Final
+from typing import Final, Protocol
 
 from prometheus_client import CollectorRegistry
 
@@ -29,6 +30,35 @@ from .parse import TESTED_BUILDS
 from .records import ConversationProof, JoinSource, LoraAdapters, RecordKey, RequestRecord, SlotsSnapshot
 
 log = logging.getLogger(__name__)
+
+
+class RecordConsumer(Protocol):
+    """Where finished records go: each record once, and the conversation of one that went out
+    "uncertain" once the log proved it."""
+
+    def record(self, rec: RequestRecord) -> None: ...
+
+    def proven(self, rec: RequestRecord, proof: ConversationProof) -> None: ...
+
+
+class Callbacks:
+    """A caller's consumer from two functions (analyze's store, the tests)."""
+
+    def __init__(
+        self,
+        on_record: Callable[[RequestRecord], None] | None,
+        on_proof: Callable[[ConversationProof], None] | None,
+    ) -> None:
+        self.on_record = on_record
+        self.on_proof = on_proof
+
+    def record(self, rec: RequestRecord) -> None:
+        if self.on_record is not None:
+            self.on_record(rec)
+
+    def proven(self, rec: RequestRecord, proof: ConversationProof) -> None:
+        if self.on_proof is not None:
+            self.on_proof(proof)
 
 
 class ServerProcess(ModelMetrics):
@@ -175,12 +205,11 @@ class Pipeline:
         self.metrics = LogMetrics(registry)
         self.router = RouterMetrics(registry)
         self.events = EventsFile(events_path, registry, *events_limits) if events_path else None
-        self.consumers: list[Callable[[RequestRecord], None]] = [self.requests.record, self.costs.request]
+        self.consumers: list[RecordConsumer] = [self.requests, self.costs]
         if self.events is not None:
-            self.consumers.append(self.events.write)
-        if on_record is not None:
-            self.consumers.append(on_record)
-        self.on_proof = on_proof
+            self.consumers.append(self.events)
+        if on_record is not None or on_proof is not None:
+            self.consumers.append(Callbacks(on_record, on_proof))
         self.records_out = 0
         # the records the events file holds from before a restart
         self.written: set[RecordKey] | None = None
@@ -201,17 +230,13 @@ class Pipeline:
 
     def emit(self, record: RequestRecord) -> None:
         self.records_out += 1
-        for consume in self.consumers:
-            consume(record)
+        for consumer in self.consumers:
+            consumer.record(record)
 
     def emit_proof(self, record: RequestRecord, proof: ConversationProof) -> None:
-        """A conversation proven after its record went out: to the conversation series, the
-        events file and a caller's callback."""
-        self.costs.proven(proof.conversation, record)
-        if self.events is not None:
-            self.events.write_proof(proof)
-        if self.on_proof is not None:
-            self.on_proof(proof)
+        """A conversation proven after its record went out."""
+        for consumer in self.consumers:
+            consumer.proven(record, proof)
 
     def written_before(self, record: RequestRecord) -> bool:
         """Whether a request read again to catch up was written by the exporter that ran then.

@@ -75,12 +75,10 @@ class Assembler:
         self.server = ServerState(sink, self._server_changed)
         self.clock = LogClock()
         self.lora = LoraTracker()
-        self.attribution = Attribution(sink, pseudonymize or Pseudonymizer(), lambda: self.clock.now, self._all_idle)
-        self.finisher = Finisher(
-            sink.record, settings or AssemblySettings(), self.lora, self.attribution, slots_polled, model
+        self.attribution = Attribution(
+            sink, pseudonymize or Pseudonymizer(), lambda: self.clock.now, self._all_idle, model
         )
-        if model:
-            self.attribution.lineage_scope = f"lineage:{model}:"
+        self.finisher = Finisher(sink, settings or AssemblySettings(), self.lora, self.attribution, slots_polled, model)
         self._choices: dict[int, int] = {}  # parent task -> choices of its n > 1 request
         # child tasks launched since the last other launch: an n > 1 request launches its
         # children, then its parent, in one go (launch_slots_with_parent_task), at any verbosity
@@ -126,7 +124,7 @@ class Assembler:
         )
         self.prefills = PrefillTimeline()
         self.finisher.new_epoch(self.prefills, self.cache.mirror.returned)
-        self.clock.last_ts = None
+        self.clock.new_epoch()
         self._epoch_lines = 0
         self.attribution.new_epoch(self.epoch, len(self.server.known_slots) or None)
         att = self.attribution
@@ -257,7 +255,7 @@ class Assembler:
             fin.try_finish(server_now)
 
     def feed_snapshot(self, snap: SlotsSnapshot) -> None:
-        self.finisher.snapshot_seq += 1
+        self.finisher.slots_seen()
         self.server.announce_slots(s.id for s in snap.slots)
         for s in snap.slots:
             if s.id_task is None:
@@ -286,8 +284,7 @@ class Assembler:
         return not any(sl.draft is not None for sl in self._slots.values())
 
     def _server_changed(self) -> None:
-        self.attribution.lineage_only = self.server.lineage_only
-        self.attribution.join.n_slots = self.server.slots()
+        self.attribution.server_changed(self.server.lineage_only, self.server.slots())
 
     def _on_server_starting(self, ev: p.ServerStarting) -> None:
         # With timestamps on, the jump back to ~0 already started the new epoch and this

@@ -122,11 +122,12 @@ class Attribution:
         pseudonymize: Callable[[str], str],
         now: Callable[[], int],
         all_idle: Callable[[], bool],
+        model: str = "",
     ) -> None:
         self.sink = sink
         self.pseudonymize = pseudonymize
         # a router's children count tasks and epochs each on their own: a lineage root names its model
-        self.lineage_scope = "lineage:"
+        self.lineage_scope = f"lineage:{model}:" if model else "lineage:"
         self.now = now  # server time of the line being read
         self.all_idle = all_idle  # no slot is running a task
         self.epoch = 0
@@ -145,6 +146,12 @@ class Attribution:
         self.late: OrderedDict[TaskKey, RequestRecord] = OrderedDict()
         self.late_costs: dict[TaskKey, float] = {}
         self.late_version = -1
+
+    def server_changed(self, lineage_only: bool, n_slots: int | None) -> None:
+        """What the server said of itself changed: its verbosity (below -lv 4 no request shows
+        its id), or its slots."""
+        self.lineage_only = lineage_only
+        self.join.n_slots = n_slots
 
     def new_epoch(self, epoch: int, n_slots: int | None) -> None:
         """A new server process: a new join, aligned at its start banner or an idle spell."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, Protocol
 
 from ..config import CacheConfig, Config, ContentionConfig, TakeoverConfig
 from ..records import Contention, RequestRecord
@@ -65,17 +65,23 @@ CONFIG_KEYS: Final = {
 }
 
 
+class RecordSink(Protocol):
+    """Where a finished record leaves the assembly (assembler.Sink holds it too)."""
+
+    def record(self, record: RequestRecord) -> None: ...
+
+
 class Finisher:
     def __init__(
         self,
-        emit: Callable[[RequestRecord], None],
+        sink: RecordSink,
         settings: AssemblySettings,
         lora_tracker: LoraTracker,
         attribution: Attribution,
         slots_polled: bool,
         model: str = "",  # a router's child: the model it serves
     ) -> None:
-        self.emit = emit
+        self.sink = sink
         self.settings = settings
         self.lora = lora_tracker
         self.attribution = attribution
@@ -84,7 +90,7 @@ class Finisher:
         self.prefills = PrefillTimeline()  # the current epoch's (new_epoch)
         # what a larger RAM cache needed to keep an evicted entry: the current epoch's mirror's
         self.eviction_need: Callable[[Source], EvictionNeed | None] = lambda source: None
-        self.snapshot_seq = 0  # /slots snapshots seen
+        self.snapshot_seq = 0  # /slots snapshots seen (slots_polled)
         self.next_deadline = 1 << 62  # the earliest log time a waiting record stops waiting for the join
         self.model = model
 
@@ -92,6 +98,10 @@ class Finisher:
         """A new server process: its prefill timeline and its RAM cache's mirror."""
         self.prefills = prefills
         self.eviction_need = eviction_need
+
+    def slots_seen(self) -> None:
+        """A /slots snapshot came: a record that waits for the poll after its release counts them."""
+        self.snapshot_seq += 1
 
     def add(self, d: TaskDraft) -> None:
         d.released_seq = self.snapshot_seq
@@ -255,6 +265,6 @@ class Finisher:
                 else None
             ),
         )
-        self.emit(rec)
+        self.sink.record(rec)
         if not d.outside_join:
             self.attribution.went_out(rec, d.conversation_proven)

@@ -26,6 +26,10 @@ class LogClock:
         self.read_us = 0  # when it was read (the reader's clock)
         self.held: list[tuple[p.ParsedLine, int]] = []
 
+    def new_epoch(self) -> None:
+        """A new server process: its timestamps start afresh."""
+        self.last_ts = None
+
     def went_back(self, ts: int | None) -> bool:
         return ts is not None and self.last_ts is not None and ts < self.last_ts - EPOCH_BACKWARDS_US
 

@@ -23,7 +23,7 @@ from typing import Any, Final
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from ..records import RequestRecord
+from ..records import ConversationProof, RequestRecord
 
 OTHER: Final = "other"
 BUCKET_SECONDS: Final = 60
@@ -106,7 +106,7 @@ class ConversationCosts:
             g.append([b[0], 0.0, 0.0, 0, 0])
         g[-1][i] += amount
 
-    def request(self, rec: RequestRecord) -> None:
+    def record(self, rec: RequestRecord) -> None:
         now = self.clock()
         with self._lock:
             if rec.time_per_output_token_seconds is not None and rec.contention in self._tpot:
@@ -120,11 +120,11 @@ class ConversationCosts:
             if rec.conversation is not None:
                 self._count(rec.conversation, rec, now)
 
-    def proven(self, conversation: str, rec: RequestRecord) -> None:
+    def proven(self, rec: RequestRecord, proof: ConversationProof) -> None:
         """A record that went out "uncertain" turned out to be this conversation's request."""
         now = self.clock()
         with self._lock:
-            self._count(conversation, rec, now)
+            self._count(proof.conversation, rec, now)
 
     def _count(self, conversation: str, rec: RequestRecord, now: float) -> None:
         c = self._conv(conversation, now)

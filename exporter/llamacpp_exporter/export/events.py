@@ -52,7 +52,7 @@ class EventsFile:
         self._last_error_log = 0.0
         self.reopen_requested = False  # SIGHUP: the file was rotated; the next line opens it again
 
-    def write(self, rec: RequestRecord) -> None:
+    def record(self, rec: RequestRecord) -> None:
         self._append(rec.to_event(), counted=True)
 
     def _append(self, obj: dict[str, Any], counted: bool) -> None:
@@ -123,7 +123,7 @@ class EventsFile:
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.rotations.inc()
 
-    def write_proof(self, proof: ConversationProof) -> None:
+    def proven(self, rec: RequestRecord, proof: ConversationProof) -> None:
         """The conversation of a record written before it was proven: a line of its own,
         naming the record by its key (analyze applies it to the record)."""
         self._append(proof.to_event(), counted=False)

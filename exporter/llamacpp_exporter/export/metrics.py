@@ -18,9 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..config import MetricsConfig
-from ..records import (
-    RequestRecord,
-)
+from ..records import ConversationProof, RequestRecord
 from .concern import ConcernMetrics
 from .concerns import CONCERNS
 from .contention import ContentionMetrics
@@ -93,6 +91,10 @@ class RequestMetrics(FamiliesCollector):
             self.model_known(rec.model)
         for c in self.concerns:
             c.update(rec)
+
+    def proven(self, rec: RequestRecord, proof: ConversationProof) -> None:
+        """A late proof changes no request series: the join series count how a request's
+        conversation was found when it went out, and its cost once the log settled it."""
 
     def never_started(self, model: str) -> None:
         self.endings.never_started(model)
