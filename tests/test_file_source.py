@@ -28,9 +28,12 @@ class Collect:
     def __init__(self, max_line_bytes: int = 1 << 20) -> None:
         self.lines: list[str] = []
         self.oversized = 0
-        self.splitter = LineSplitter(self.lines.append, self._over, max_line_bytes)
+        self.splitter = LineSplitter(self, max_line_bytes)
 
-    def _over(self) -> None:
+    def process_line(self, line: str) -> None:
+        self.lines.append(line)
+
+    def oversized_line(self) -> None:
         self.oversized += 1
 
 
@@ -354,9 +357,12 @@ class _CountingPipeline:
         self.pl = Pipeline(CollectorRegistry(), on_record=self.recs.append, clock=lambda: 0.0)
         self.lines = 0
 
-    def line(self, text: str) -> None:
+    def process_line(self, line: str) -> None:
         self.lines += 1
-        self.pl.process_line(text)
+        self.pl.process_line(line)
+
+    def oversized_line(self) -> None:
+        self.pl.oversized_line()
 
 
 def _records_through_command(
@@ -367,7 +373,7 @@ def _records_through_command(
     counting = _CountingPipeline()
     stats = SourceStats()
     stop = threading.Event()
-    splitter = LineSplitter(counting.line, counting.pl.oversized_line, 1 << 20)
+    splitter = LineSplitter(counting, 1 << 20)
     t = threading.Thread(target=follow_command, args=(cmd, splitter, stats, stop), daemon=True)
     t.start()
     try:

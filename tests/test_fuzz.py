@@ -147,7 +147,7 @@ def test_pipeline_with_real_lines_out_of_order_and_snapshots_never_raises(
 @given(st.binary(max_size=4000), st.integers(16, 512))
 def test_splitter_accounts_for_every_byte_line(data: bytes, max_line: int) -> None:
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
-    splitter = LineSplitter(pl.process_line, pl.oversized_line, max_line)
+    splitter = LineSplitter(pl, max_line)
     splitter.feed(data)
     splitter.flush()
     pieces = data.replace(b"\0", b"").split(b"\n")

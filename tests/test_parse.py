@@ -215,7 +215,7 @@ def test_bytes_that_are_not_text_are_unreadable_not_ignored() -> None:
     from llamacpp_exporter.sources.lines import LineSplitter
 
     pl = Pipeline(CollectorRegistry(), clock=lambda: 0.0)
-    splitter = LineSplitter(pl.process_line, pl.oversized_line, 1 << 20)
+    splitter = LineSplitter(pl, 1 << 20)
     splitter.feed(b"".join(b"\xff\xfe latin-1 caf\xe9 line %d\n" % i for i in range(100)))
     rng = random.Random(3)
     splitter.feed(bytes(rng.getrandbits(8) for _ in range(200_000)) + b"\n")

@@ -75,14 +75,14 @@ class _LineBatches(LineSplitter):
     def __init__(self, put: Callable[[QueueItem], None], max_line_bytes: int) -> None:
         self._batch: list[str] = []
         self._put_item = put
-        super().__init__(self._line, self._oversized, max_line_bytes)
+        super().__init__(self, max_line_bytes)
 
-    def _line(self, line: str) -> None:
+    def process_line(self, line: str) -> None:
         self._batch.append(line)
         if len(self._batch) >= LINE_BATCH:
             self._send()
 
-    def _oversized(self) -> None:
+    def oversized_line(self) -> None:
         self._send()
         self._put_item(OversizedLine())
 

@@ -216,7 +216,7 @@ class Pipeline:
         self._prefixed = False  # the log's lines carry llama-server's prefix (a timestamp)
         self._catching_up = False
         # the plain server, or the router's own lines (a router serves no request itself)
-        self.assembler = ServerProcess(self, "", on_server_listening).assembler
+        self.assembler: Assembler = ServerProcess(self, "", on_server_listening).assembler
         self.demux = RouterDemux(self._new_assembler, self.requests, self.metrics, self.router)
 
     def _new_assembler(self, model: str) -> Assembler:

@@ -11,11 +11,10 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from .lines import LineSplitter, SourceStats
+from .lines import LineSink, LineSplitter, SourceStats
 
 log = logging.getLogger(__name__)
 
@@ -30,20 +29,23 @@ class ReplayGuard:
     ANCHOR_LINES = 8
     MAX_HELD = 200_000
 
-    def __init__(self, emit: Callable[[str], None], stats: SourceStats) -> None:
-        self.emit = emit
+    def __init__(self, sink: LineSink, stats: SourceStats) -> None:
+        self.sink = sink
         self.stats = stats
         self.recent: deque[str] = deque(maxlen=self.ANCHOR_LINES)
         self.held: list[str] | None = None
 
-    def __call__(self, line: str) -> None:
+    def oversized_line(self) -> None:
+        self.sink.oversized_line()
+
+    def process_line(self, line: str) -> None:
         if self.held is not None:
             self.held.append(line)
             if len(self.held) >= self.MAX_HELD or self._caught_up():
                 self.settle()
             return
         self.recent.append(line)
-        self.emit(line)
+        self.sink.process_line(line)
 
     def _caught_up(self) -> bool:
         """The replay has just printed the last lines read before the restart: what follows
@@ -79,7 +81,7 @@ class ReplayGuard:
         self.stats.replayed(start)
         for line in held[start:]:
             self.recent.append(line)
-            self.emit(line)
+            self.sink.process_line(line)
 
     def _after_anchor(self, held: list[str]) -> int | None:
         """Index after the last place where the held lines end with the last lines read (all
@@ -108,7 +110,7 @@ def follow_command(
     stderr; restart it with backoff when it exits. The backoff only resets after a run of
     ``min_healthy_run`` seconds: a command that prints its history and exits at once is not
     restarted every second. What a restart prints again is dropped (ReplayGuard)."""
-    guard = splitter.filter_lines(lambda emit: ReplayGuard(emit, stats))
+    guard = splitter.filter_lines(lambda sink: ReplayGuard(sink, stats))
     backoff = 1.0
     while not stop.is_set():
         try:

@@ -75,15 +75,23 @@ class _SourceMetrics:
         )
 
 
-_Filter = TypeVar("_Filter", bound=Callable[[str], None])
+class LineSink(Protocol):
+    """Where the splitter's complete lines go, with a mark for each line dropped as too long
+    (the pipeline is one; the app's queue batches and the replay guard stand between)."""
+
+    def process_line(self, line: str) -> None: ...
+
+    def oversized_line(self) -> None: ...
+
+
+_Filter = TypeVar("_Filter", bound=LineSink)
 
 
 class LineSplitter:
     """Bytes in, complete lines out; keeps the partial last line until its newline arrives."""
 
-    def __init__(self, emit: Callable[[str], None], oversized: Callable[[], None], max_line_bytes: int) -> None:
-        self.emit = emit
-        self.oversized = oversized
+    def __init__(self, sink: LineSink, max_line_bytes: int) -> None:
+        self.sink = sink
         self.max = max_line_bytes
         self.buf = bytearray()
         self.skipping = False  # inside an oversized line: drop until its newline
@@ -103,7 +111,7 @@ class LineSplitter:
                 if len(self.buf) + len(rest) > self.max:
                     self.buf.clear()
                     self.skipping = True
-                    self.oversized()
+                    self.sink.oversized_line()
                     return
                 self.buf += rest
                 return
@@ -117,14 +125,14 @@ class LineSplitter:
                 chunk = bytes(self.buf)
                 self.buf.clear()
             if len(chunk) > self.max:
-                self.oversized()
+                self.sink.oversized_line()
                 continue
-            self.emit(chunk.rstrip(b"\r").decode("utf-8", errors="replace"))
+            self.sink.process_line(chunk.rstrip(b"\r").decode("utf-8", errors="replace"))
 
     def flush(self) -> None:
         """Emit a pending partial line (the file it came from is gone)."""
         if self.buf and not self.skipping:
-            self.emit(bytes(self.buf).decode("utf-8", errors="replace"))
+            self.sink.process_line(bytes(self.buf).decode("utf-8", errors="replace"))
         self.buf.clear()
         self.skipping = False
 
@@ -135,11 +143,11 @@ class LineSplitter:
     def handed(self) -> None:
         """Lines emitted outside a feed (released by the replay guard) are to go on now."""
 
-    def filter_lines(self, make: Callable[[Callable[[str], None]], _Filter]) -> _Filter:
+    def filter_lines(self, make: Callable[[LineSink], _Filter]) -> _Filter:
         """Put a filter between the split lines and where they go (the replay guard of a
         restarted command): ``make`` gets the current destination and returns the filter."""
-        f = make(self.emit)
-        self.emit = f
+        f = make(self.sink)
+        self.sink = f
         return f
 
 
