@@ -26,7 +26,7 @@ from llamacpp_exporter.export.exposition import (
     render_families,
 )
 from llamacpp_exporter.pipeline import Pipeline
-from llamacpp_exporter.sources.llama_server import _legacy_name, rename_server_metrics
+from llamacpp_exporter.sources.server_answers import _legacy_name, rename_server_metrics
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 disable_created_metrics()  # as test_golden: _created samples carry the wall clock

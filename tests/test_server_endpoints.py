@@ -23,7 +23,8 @@ from prometheus_client.registry import Collector
 from realserver import ExporterProcess, free_port, wait_for
 
 from llamacpp_exporter.records import SlotsSnapshot
-from llamacpp_exporter.sources.llama_server import ServerPoller, parse_lora_adapters, parse_slots, rename_server_metrics
+from llamacpp_exporter.sources.llama_server import ServerPoller
+from llamacpp_exporter.sources.server_answers import parse_lora_adapters, parse_slots, rename_server_metrics
 
 FIX = Path(__file__).parent / "fixtures" / "server"
 
@@ -578,7 +579,7 @@ def test_a_burst_of_parallel_scrapes_is_answered(tmp_path: Path) -> None:
 
 
 def test_a_server_family_with_too_many_series_is_cut_and_said() -> None:
-    from llamacpp_exporter.sources.llama_server import MAX_SERVER_SERIES, TooManySeries
+    from llamacpp_exporter.sources.server_answers import MAX_SERVER_SERIES, TooManySeries
 
     text = "# TYPE llamacpp:requests_processing gauge\n" + "".join(
         f'llamacpp:requests_processing{{x="{i}"}} 1\n' for i in range(100_000)
@@ -591,7 +592,7 @@ def test_a_server_family_with_too_many_series_is_cut_and_said() -> None:
 def test_a_slots_answer_of_countless_tiny_objects_is_refused_before_parsing() -> None:
     import resource
 
-    from llamacpp_exporter.sources.llama_server import slots_json
+    from llamacpp_exporter.sources.server_answers import slots_json
 
     body = b"[" + b",".join([b"{}"] * 5_000_000) + b"]"  # 10 MB
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -15,7 +15,7 @@ from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_
 from support import samples
 
 from llamacpp_exporter.pipeline import Pipeline
-from llamacpp_exporter.sources.llama_server import DEFAULT_PORTS, ServerAddress, polled_url
+from llamacpp_exporter.sources.server_address import DEFAULT_PORTS, ServerAddress, polled_url
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 

@@ -45,7 +45,8 @@ from .pipeline import CatchUp, Input, Lines, OversizedLine, Pipeline
 from .sources.command import CommandSource
 from .sources.file import FileFollower, FileSource, LogPosition, load_position, save_position
 from .sources.lines import LineSplitter, LogSource, SourceStats
-from .sources.llama_server import ServerAddress, ServerPoller
+from .sources.llama_server import ServerPoller
+from .sources.server_address import ServerAddress
 from .sources.stream import StreamSource
 
 log = logging.getLogger(__name__)

@@ -1,36 +1,44 @@
-"""llama-server's HTTP endpoints: /health, /slots, /metrics, /lora-adapters.
+"""The poller of llama-server's HTTP endpoints: /health, /slots, /metrics, /lora-adapters (and a
+router's /models), with what it saw of each as metrics and what the operator should do in the
+exporter's log.
 
-Pure parsers (``parse_slots``, ``parse_lora_adapters``, ``rename_server_metrics``) plus a
-background poller. The poller, not the scrape, talks to llama-server, with short
-timeouts: a slow or dead server never blocks a scrape of the exporter. /slots is polled
-when the log shows a new task (to capture each task's ``params.lora`` and reused tokens
-while it runs) and periodically.
+The poller, not the scrape, talks to llama-server, with short timeouts: a slow or dead server
+never blocks a scrape of the exporter. /slots is polled when the log shows a new task (to
+capture each task's ``params.lora`` and reused tokens while it runs) and periodically. Beside
+it: one GET under a size cap and a deadline (http_get.py), where to poll (server_address.py),
+and what the answers say (server_answers.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Final
-from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
-from prometheus_client.samples import Sample
 
 from ..config import redact
-from ..records import MAX_SLOTS, LoraAdapters, SlotsSnapshot, SlotState
+from ..records import LoraAdapters, SlotsSnapshot
+from .http_get import Answer, Fetched, fetch
+from .server_address import ServerAddress
+from .server_answers import (
+    TooManySeries,
+    context_usage,
+    loaded_models,
+    merge_families,
+    parse_lora_adapters,
+    parse_slots,
+    rename_server_metrics,
+    slots_json,
+    with_model_label,
+)
 
 log = logging.getLogger(__name__)
 
-SERVER_PREFIX = "llamacpp_server_"
 # /metrics, /slots and /lora-adapters are tasks in llama-server's queue: a long prompt batch
 # can hold them for seconds. Giving up early would make llama-server log "cancel task" for
 # them, which the conversation join would have to tell apart from a cancelled request; and
@@ -47,225 +55,6 @@ MAX_ANSWER_BYTES = {
 }
 
 
-class _Answer:
-    """The part of an HTTP answer the poller uses, read under a size cap and a deadline."""
-
-    def __init__(self, status_code: int, content: bytes) -> None:
-        self.status_code = status_code
-        self.content = content
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        return json.loads(self.content)
-
-
-class _Refused(Exception):
-    """Answer too big, or too slow in total."""
-
-
-# ---------------------------------------------------------------- pure parsers
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
-# objects in a /slots answer, at most: a slot is a few dozen (its params, its LoRA list)
-MAX_SLOTS_OBJECTS = MAX_SLOTS * 256
-
-
-def slots_json(body: bytes) -> Any:
-    """Parse /slots, refusing an answer of far more objects than any server's slots hold
-    before building them (31 MB of tiny objects would take the better part of a GiB)."""
-    if body.count(b"{") > MAX_SLOTS_OBJECTS:
-        raise ValueError(f"/slots holds more than {MAX_SLOTS_OBJECTS} objects")
-    return json.loads(body)
-
-
-def parse_slots(obj: Any, model: str = "") -> SlotsSnapshot:
-    """``/slots`` JSON -> numeric slot states. Text fields (prompt, generated) are never read."""
-    if not isinstance(obj, list):
-        raise ValueError("/slots did not return a list")
-    if len(obj) > MAX_SLOTS:
-        raise ValueError(f"/slots listed {len(obj)} slots, more than {MAX_SLOTS}")
-    slots = []
-    for el in obj:
-        if not isinstance(el, dict) or _int(el.get("id")) is None:
-            continue
-        if not 0 <= el["id"] < len(obj):
-            continue  # llama-server numbers its slots 0..n-1; another id would be a new series
-        params = el.get("params") if isinstance(el.get("params"), dict) else {}
-        lora_raw = params.get("lora") if params else None
-        lora: tuple[tuple[int, float], ...] | None = None
-        if isinstance(lora_raw, list):
-            items = []
-            for a in lora_raw:
-                if isinstance(a, dict) and _int(a.get("id")) is not None and isinstance(a.get("scale"), (int, float)):
-                    items.append((int(a["id"]), float(a["scale"])))
-            lora = tuple(sorted(items))
-        nt = el.get("next_token")
-        n_decoded = None
-        if isinstance(nt, list) and nt and isinstance(nt[0], dict):
-            n_decoded = _int(nt[0].get("n_decoded"))
-        slots.append(
-            SlotState(
-                id=el["id"],
-                id_task=_int(el.get("id_task")),
-                is_processing=bool(el.get("is_processing")),
-                n_prompt_tokens=_int(el.get("n_prompt_tokens")),
-                n_prompt_tokens_processed=_int(el.get("n_prompt_tokens_processed")),
-                n_prompt_tokens_cache=_int(el.get("n_prompt_tokens_cache")),
-                n_decoded=n_decoded,
-                lora=lora,
-                n_ctx=_int(el.get("n_ctx")),
-            )
-        )
-    return SlotsSnapshot(tuple(slots), model)
-
-
-def context_usage(snap: SlotsSnapshot) -> float:
-    """Tokens held over context size, summed over the slots; NaN if /slots does not say."""
-    held = total = 0
-    for s in snap.slots:
-        if s.n_ctx is None or s.n_ctx <= 0:
-            return float("nan")
-        total += s.n_ctx
-        held += min((s.n_prompt_tokens or 0) + (s.n_decoded or 0), s.n_ctx)
-    return held / total if total else float("nan")
-
-
-def loaded_models(obj: Any) -> list[str] | None:
-    """A router's ``/models``: the models loaded now (status "loaded"). None when the answer is
-    not a router's (a plain server's entries have no status)."""
-    data = obj.get("data") if isinstance(obj, dict) else None
-    if not isinstance(data, list):
-        return None
-    out, router = [], False
-    for m in data:
-        if not isinstance(m, dict):
-            continue
-        status = m.get("status")
-        if not isinstance(status, dict):
-            continue
-        router = True
-        if status.get("value") == "loaded" and isinstance(m.get("id"), str):
-            out.append(m["id"])
-    return out if router else None
-
-
-def with_model_label(families: list[Metric], model: str) -> list[Metric]:
-    for fam in families:
-        fam.samples = [Sample(s.name, {**s.labels, "model": model}, s.value) for s in fam.samples]
-    return families
-
-
-def merge_families(per_model: list[list[Metric]]) -> list[Metric]:
-    """One family per name, with every model's samples."""
-    merged: dict[str, Metric] = {}
-    for fams in per_model:
-        for fam in fams:
-            if fam.name in merged:
-                merged[fam.name].samples.extend(fam.samples)
-            else:
-                merged[fam.name] = fam
-    return list(merged.values())
-
-
-def parse_lora_adapters(obj: Any, model: str = "") -> LoraAdapters:
-    if not isinstance(obj, list):
-        raise ValueError("/lora-adapters did not return a list")
-    scales = []
-    for a in obj:
-        if isinstance(a, dict) and _int(a.get("id")) is not None and isinstance(a.get("scale"), (int, float)):
-            scales.append((int(a["id"]), float(a["scale"])))
-    return LoraAdapters(tuple(sorted(scales)), model)
-
-
-MAX_SERVER_SERIES = 1000  # per re-exported family: llama-server's own have a handful
-
-# llama-server's throughput gauges are averages since the previous GET /metrics, and each GET
-# resets them (server-context.cpp, b11434 around line 5040): the exporter's own poll defines
-# their window, and a Prometheus scraping llama-server as well sees shorter averages.
-_RESET_BY_POLL = ("prompt_tokens_seconds", "predicted_tokens_seconds")
-_RESET_HELP = (
-    " Averaged since the previous GET /metrics, which resets it: here, since the exporter's previous "
-    "poll. Prefer rate() of the _total counters."
-)
-# Since llama.cpp PR #26920 (b11434 has it) prompt_tokens_total excludes tokens reused from the
-# cache, which prompt_tokens_cached_total counts; before it, prompt_tokens_total counted them in.
-_PROMPT_HELP_NEW = (
-    "Prompt tokens computed (prefilled), tokens reused from the cache excluded: this build reports them in "
-    "llamacpp_server_prompt_tokens_cached_total (llama.cpp PR #26920 and later)."
-)
-_PROMPT_HELP_OLD = (
-    "Prompt tokens processed, tokens reused from the cache included: this build predates llama.cpp PR #26920 "
-    "(it has no prompt_tokens_cached_total)."
-)
-
-
-_NOT_LEGACY = re.compile(r"[^a-zA-Z0-9_]|^[0-9]")
-
-
-def _legacy_name(name: str) -> str:
-    """``llamacpp:x`` -> ``llamacpp_server_x``, and every character but letters, digits and
-    underscores made an underscore: colons are for recording rules, and /metrics relies on
-    legacy names (exposition.negotiate)."""
-    return _NOT_LEGACY.sub("_", name.replace("llamacpp:", SERVER_PREFIX, 1))
-
-
-def rename_server_metrics(text: str) -> list[Metric]:
-    """llama-server's ``llamacpp:name`` families -> ``llamacpp_server_name``.
-
-    Colons are reserved for recording rules. A family declared counter whose sample does
-    not end in ``_total`` (``n_tokens_max``, a high-water mark) is re-typed gauge. A family
-    with more than MAX_SERVER_SERIES series is cut there (ValueError after the rest: counted).
-    """
-    out = []
-    cut = []
-    # the client parser appends _total to counter samples that lack it: note the real names
-    raw_names = {ln.split("{", 1)[0].split(" ", 1)[0] for ln in text.splitlines() if ln and ln[0] != "#"}
-    cached_counted_apart = "llamacpp:prompt_tokens_cached_total" in raw_names
-    for fam in text_string_to_metric_families(text):
-        if not fam.name.startswith("llamacpp:"):
-            continue  # only llama-server's own families: anything else could clash with ours
-        name = _legacy_name(fam.name)
-        typ = fam.type
-        samples = [
-            Sample(_legacy_name(s.name), {_legacy_name(k): v for k, v in s.labels.items()}, s.value)
-            for s in fam.samples
-        ]
-        if typ == "counter" and fam.name in raw_names:
-            typ = "gauge"
-            samples = [Sample(name, s.labels, s.value) for s in samples]
-        if typ not in ("counter", "gauge"):
-            typ = "untyped"
-        if len(samples) > MAX_SERVER_SERIES:
-            cut.append(f"{name} ({len(samples)} series)")
-            samples = samples[:MAX_SERVER_SERIES]
-        doc = fam.documentation or name
-        short = name.removeprefix(SERVER_PREFIX)
-        if short in _RESET_BY_POLL:
-            doc += _RESET_HELP
-        elif short == "prompt_tokens":
-            doc = _PROMPT_HELP_NEW if cached_counted_apart else _PROMPT_HELP_OLD
-        m = Metric(name, doc, typ)
-        m.samples = samples
-        out.append(m)
-    if cut:
-        raise TooManySeries(out, cut)
-    return out
-
-
-class TooManySeries(ValueError):
-    """Families cut at MAX_SERVER_SERIES; ``families`` holds what is re-exported."""
-
-    def __init__(self, families: list[Metric], cut: list[str]) -> None:
-        super().__init__(f"more than {MAX_SERVER_SERIES} series in: {', '.join(cut)[:300]}")
-        self.families = families
-
-
-# ---------------------------------------------------------------- the poller
 ENDPOINTS = ("health", "metrics", "slots", "lora-adapters", "models")
 
 
@@ -322,6 +111,22 @@ class PollerMetrics:
         for e in ENDPOINTS:
             self.scrape_errors.labels(e)
 
+    def answered(self, endpoint: str, got: Fetched, seconds: float) -> None:
+        """A request to the endpoint ended after ``seconds``: how."""
+        ok = got.error is None
+        if got.oversized:
+            self.answers_oversized.labels(endpoint).inc()
+        if ok:
+            self.last_success.labels(endpoint).set(time.time())
+        self.scrape_duration.labels(endpoint).set(seconds)
+        self.last_up[endpoint] = 1.0 if ok else 0.0
+        self.in_flight.pop(endpoint, None)
+        if endpoint == "health":
+            # llama-server answers 503 on every path until the model is loaded
+            self.loading.set(1 if got.answer is not None and got.answer.status_code == 503 else 0)
+        if not ok:
+            self.scrape_errors.labels(endpoint).inc()
+
 
 class _UpCollector(Collector):
     """``llamacpp_up`` at scrape time: an endpoint whose request has been waiting longer than
@@ -354,91 +159,19 @@ _UP_HELP = (
 )
 
 
-# llama-server's default port: 8080 up to b11434, 9931 from b11549 on (common/common.h)
-DEFAULT_PORTS: Final = (8080, 9931)
-
-
-def polled_url(listening: str) -> str | None:
-    """The URL to poll for a server whose log says ``listening on <url>``: an address bound to
-    every interface (0.0.0.0, ::) is reached on loopback. None for what is not an HTTP URL."""
-    try:
-        parts = urlsplit(listening)
-        port = parts.port
-    except ValueError:
-        return None
-    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
-        return None
-    host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(parts.hostname, parts.hostname)
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{parts.scheme}://{host}:{port}"
-
-
-class ServerAddress:
-    """Where llama-server is polled, and why. --llama.url when given. Else the address of the
-    log's ``listening on`` line once it has been read (a restart on another port included);
-    until then llama-server's default ports on loopback, 8080 and then 9931, each tried in turn
-    until one answers. Read by the poller threads, set by them and by the pipeline thread: the
-    pair (url, reason) is replaced whole."""
-
-    def __init__(self, configured: str | None) -> None:
-        self.configured = configured.rstrip("/") if configured else None
-        self._candidates = [f"http://127.0.0.1:{port}" for port in DEFAULT_PORTS]
-        self._probing = self.configured is None
-        self._warned_log: str | None = None
-        if self.configured is not None:
-            self._now = (self.configured, "given by --llama.url")
-        else:
-            self._now = (self._candidates[0], self._trying())
-
-    def _trying(self) -> str:
-        return (
-            "no --llama.url given and no 'listening on' line read from the log yet: trying llama-server's "
-            "default ports, 8080 and 9931 (its default from b11549 on), until one answers"
-        )
-
-    @property
-    def url(self) -> str:
-        return self._now[0]
-
-    def describe(self) -> str:
-        url, reason = self._now
-        return f"{redact(url)} ({reason})"
-
-    def from_log(self, listening: str) -> None:
-        """The log's ``listening on`` line of the server (not of a router's child)."""
-        url = polled_url(listening)
-        if url is None:
-            return
-        if self.configured is not None:
-            configured_port = urlsplit(self.configured).port or (443 if self.configured.startswith("https") else 80)
-            if urlsplit(url).port != configured_port and self._warned_log != url:
-                self._warned_log = url
-                log.warning(
-                    "the log says llama-server listens on %s, but --llama.url is %s: check --llama.url "
-                    "(llama-server's default port is 9931 from b11549 on, 8080 before)",
-                    listening,
-                    redact(self.configured),
-                )
-            return
-        self._probing = False
-        if url != self._now[0] or not self._now[1].startswith("from the log"):
-            self._now = (url, f"from the log's 'listening on {listening}' line")
-            log.info("polling llama-server at %s", self.describe())
-
-    def unreachable(self, url: str) -> None:
-        """Nothing listens at ``url`` (the connection was refused or timed out)."""
-        if self._probing and url == self._now[0]:
-            i = self._candidates.index(url) if url in self._candidates else -1
-            self._now = (self._candidates[(i + 1) % len(self._candidates)], self._trying())
-
-    def answered(self, url: str) -> None:
-        """llama-server (or something) answered at ``url``."""
-        if self._probing and url == self._now[0]:
-            self._probing = False
-            port = urlsplit(url).port
-            self._now = (url, f"no --llama.url given: it answered on llama-server's default port {port}")
-            log.info("polling llama-server at %s", self.describe())
+def down_hint(endpoint: str, status: int | None, router_unknown: bool) -> str:
+    """What the operator should know of an endpoint's failure, told with it in the log."""
+    if status == 401:
+        return " (llama-server wants an API key: set --llama.api-key-file or LLAMA_API_KEY)"
+    if status == 501 and endpoint == "metrics":
+        return " (start llama-server with --metrics)"
+    if status == 503:
+        return " (loading the model)"
+    if status == 501 and endpoint == "slots":
+        return " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
+    if status == 400 and router_unknown:
+        return " (a router? asking /models)"
+    return ""
 
 
 class ServerPoller:
@@ -516,75 +249,42 @@ class ServerPoller:
             log.info("llama-server is a router: polling /slots and /metrics of each loaded model")
         self.models = models
 
-    def _get(self, endpoint: str, path: str | tuple[str, dict[str, str]]) -> _Answer | None:
+    def _get(self, endpoint: str, path: str | tuple[str, dict[str, str]]) -> Answer | None:
+        """The endpoint's answer, None when it failed (counted, and told once in the log)."""
         t0 = time.monotonic()
         # /health must answer at once; the others may queue behind tasks inside llama-server,
         # which costs nothing off the scrape path, but never longer than the deadline in total:
         # a server that answers a byte a second does not keep a stale value alive
         deadline = self.timeout if endpoint == "health" else QUEUED_READ_TIMEOUT
-        timeout = httpx.Timeout(deadline, connect=self.connect_timeout)
-        cap = MAX_ANSWER_BYTES.get(endpoint, 1 << 20)
-        r: _Answer | None = None
-        self.metrics.in_flight[endpoint] = t0
         url, params = (path, None) if isinstance(path, str) else path
         base = self.address.url
-        try:
-            with self.client.stream("GET", base + url, params=params, timeout=timeout) as resp:
-                body = bytearray()
-                for chunk in resp.iter_bytes():
-                    body += chunk
-                    if len(body) > cap:
-                        self.metrics.answers_oversized.labels(endpoint).inc()
-                        raise _Refused(f"answer larger than {cap} bytes")
-                    if time.monotonic() - t0 > deadline:
-                        raise _Refused(f"answer took longer than {deadline:g} s")
-                r = _Answer(resp.status_code, bytes(body))
-            ok = r.status_code == 200
-            err = None if ok else f"HTTP {r.status_code}"
-        except _Refused as e:
-            r, ok, err = None, False, str(e)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-            r, ok, err = None, False, type(e).__name__
+        self.metrics.in_flight[endpoint] = t0
+        got = fetch(
+            self.client, base + url, params, deadline, self.connect_timeout, MAX_ANSWER_BYTES.get(endpoint, 1 << 20)
+        )
+        status = got.answer.status_code if got.answer is not None else None
+        if got.unreachable:
             self.address.unreachable(base)
-        except httpx.HTTPError as e:
-            r, ok, err = None, False, type(e).__name__
-        if endpoint == "health" and r is not None:
+        elif endpoint == "health" and status is not None:
             # llama-server answers /health: 200, 503 while loading, 401 without its API key
-            if r.status_code in (200, 401, 503):
+            if status in (200, 401, 503):
                 self.address.answered(base)
             else:
                 self.address.unreachable(base)
-        if ok:
-            self.metrics.last_success.labels(endpoint).set(time.time())
-        self.metrics.scrape_duration.labels(endpoint).set(time.monotonic() - t0)
-        self.metrics.last_up[endpoint] = 1.0 if ok else 0.0
-        self.metrics.in_flight.pop(endpoint, None)
-        if endpoint == "health":
-            # llama-server answers 503 on every path until the model is loaded
-            self.metrics.loading.set(1 if r is not None and r.status_code == 503 else 0)
-        if not ok:
-            self.metrics.scrape_errors.labels(endpoint).inc()
-            if self._logged_down.get(endpoint) != err:
-                self._logged_down[endpoint] = err or ""
-                hint = ""
-                if r is not None and r.status_code == 401:
-                    hint = " (llama-server wants an API key: set --llama.api-key-file or LLAMA_API_KEY)"
-                elif r is not None and r.status_code == 501 and endpoint == "metrics":
-                    hint = " (start llama-server with --metrics)"
-                elif r is not None and r.status_code == 503:
-                    hint = " (loading the model)"
-                elif r is not None and r.status_code == 501 and endpoint == "slots":
-                    hint = " (llama-server runs with --no-slots: LoRA state and -lv 3 reuse are unavailable)"
-                elif r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
-                    hint = " (a router? asking /models)"
-                log.warning("llama-server %s%s: %s%s", redact(base), url, err, hint)
-            if r is not None and r.status_code == 400 and self.models is None and endpoint != "models":
-                self._discover_router()
-            return None
-        if endpoint in self._logged_down:
-            del self._logged_down[endpoint]
-            log.info("llama-server %s%s answers again", redact(base), url)
-        return r
+        self.metrics.answered(endpoint, got, time.monotonic() - t0)
+        router_unknown = self.models is None and endpoint != "models"
+        if got.error is None:
+            if endpoint in self._logged_down:
+                del self._logged_down[endpoint]
+                log.info("llama-server %s%s answers again", redact(base), url)
+            return got.answer
+        if self._logged_down.get(endpoint) != got.error:
+            self._logged_down[endpoint] = got.error
+            hint = down_hint(endpoint, status, router_unknown)
+            log.warning("llama-server %s%s: %s%s", redact(base), url, got.error, hint)
+        if status == 400 and router_unknown:
+            self._discover_router()
+        return None
 
     def _targets(self) -> list[str]:
         """ "" for a plain server, else the router's loaded models."""
