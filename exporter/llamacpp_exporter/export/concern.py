@@ -13,7 +13,7 @@ from typing import Any, Final, Literal, Protocol
 from ..config import MetricsConfig
 from ..records import LORA_STATES, PATHS, RequestRecord
 from .families import CounterValues, HistogramValues
-from .report_types import Percentiles, Rate, Report, Unknown
+from .report_types import Number, Percentiles, Rate, Report, Unknown
 
 # the labels of the per-request families by selection path and LoRA state, and their values
 PATH_LORA: Final = ["model", "path", "lora"]
@@ -45,9 +45,9 @@ class Values(Protocol):
     """Values to take percentiles of, by group: in memory (report.ValueLists) or on disk
     (store.StoredValues)."""
 
-    def add(self, group: str, value: float) -> None: ...
+    def add(self, group: str, value: Number) -> None: ...
 
-    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, float]]: ...
+    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, Number]]: ...
 
 
 @dataclass(frozen=True)
@@ -127,29 +127,12 @@ def fmt_rate(r: Rate) -> str:
     return s + " *" if r["small_sample"] else s
 
 
-def percentiles(values: list[float]) -> Percentiles:
-    if not values:
-        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None, "small_sample": True}
-    vs = sorted(values)
-
-    def q(p: float) -> float:
-        return vs[min(len(vs) - 1, int(p * len(vs)))]
-
-    return {
-        "count": len(vs),
-        "p50": q(0.5),
-        "p90": q(0.9),
-        "p99": q(0.99),
-        "max": vs[-1],
-        "small_sample": len(vs) < SMALL_SAMPLE,
-    }
-
-
 def group_percentiles(values: Values, group: str) -> Percentiles:
-    """As percentiles() of the group's values: the value at rank int(p * n) of the n sorted."""
+    """Count, p50, p90, p99 and max of the group's values: the value at rank int(p * n) of the n
+    sorted (None where there is none)."""
     n, _ = values.ranked(group, ())
     if not n:
-        return percentiles([])
+        return {"count": 0, "p50": None, "p90": None, "p99": None, "max": None, "small_sample": True}
     ranks = {p: min(n - 1, int(p * n)) for p in (0.5, 0.9, 0.99)}
     _, at = values.ranked(group, [*ranks.values(), n - 1])
     return {

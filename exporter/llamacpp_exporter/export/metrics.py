@@ -236,32 +236,10 @@ class LogMetrics:
         self._cache_series: dict[str, _CacheSeries] = {}
         self._builds: dict[str, tuple[str, str]] = {}  # model -> the build labels it shows
         self.restarts_seen = 0  # of every model, forgotten ones too
-        self.model_known("")
-
-    def model_known(self, model: str) -> None:
-        if model in self.models:
-            return
-        self.models.add(model)
-        for g in (self.cache_entries, self.cache_bytes, self.cache_limit):
-            g.values.setdefault((model,), 0.0)
-        for k in (self.cache_saves, self.cache_evictions, self.cache_evicted_bytes, self.cache_update):
-            k.labels(model)
-        for k in (self.arrivals_dropped, self.restarts, self.out_of_order):
-            k.labels(model)
-        for kind in LOG_TOKEN_KINDS:
-            self.log_tokens.labels(model, kind)
-        self.debug_logging.labels(model)
-        self.diag_available.labels(model).set(-1)
-        self.verbosity.labels(model).set(-1)
-
-    def forget_model(self, model: str) -> None:
-        """A model the log no longer serves (a router's "", a child that exited): its series go."""
-        if model not in self.models:
-            return
-        self.models.discard(model)
-        for v in (self.cache_entries, self.cache_bytes, self.cache_limit):
-            v.values.pop((model,), None)
-        for g in (
+        # the families labelled by model alone: a model's series exist from model_known (at 0,
+        # or -1 while unknown) to forget_model. A new one is added here, and nowhere else.
+        self._model_values = (self.cache_entries, self.cache_bytes, self.cache_limit)
+        self._model_counts: tuple[Counter | Gauge | Histogram, ...] = (
             self.cache_saves,
             self.cache_evictions,
             self.cache_evicted_bytes,
@@ -270,9 +248,31 @@ class LogMetrics:
             self.restarts,
             self.out_of_order,
             self.debug_logging,
-            self.diag_available,
-            self.verbosity,
-        ):
+        )
+        self._model_unknown = (self.diag_available, self.verbosity)
+        self.model_known("")
+
+    def model_known(self, model: str) -> None:
+        if model in self.models:
+            return
+        self.models.add(model)
+        for v in self._model_values:
+            v.values.setdefault((model,), 0.0)
+        for k in self._model_counts:
+            k.labels(model)
+        for g in self._model_unknown:
+            g.labels(model).set(-1)
+        for kind in LOG_TOKEN_KINDS:
+            self.log_tokens.labels(model, kind)
+
+    def forget_model(self, model: str) -> None:
+        """A model the log no longer serves (a router's "", a child that exited): its series go."""
+        if model not in self.models:
+            return
+        self.models.discard(model)
+        for v in self._model_values:
+            v.values.pop((model,), None)
+        for g in (*self._model_counts, *self._model_unknown):
             try:
                 g.remove(model)
             except KeyError:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+# a count or a measure: a count of requests or tokens stays an int (compiled, a value typed float
+# would turn 125 tokens into 125.0, and the report would print 125.000)
+Number = int | float
+
 
 class Rate(TypedDict):
     """A rate with its numerator and denominator; small_sample below concern.SMALL_SAMPLE."""
@@ -113,8 +117,8 @@ class Finding(TypedDict):
 
 
 class Share(TypedDict):
-    named: float
-    total: float
+    named: Number  # requests, or seconds
+    total: Number
 
 
 class Named(TypedDict):

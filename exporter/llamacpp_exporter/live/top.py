@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from ..config import DEFAULT_PORT, redact
-from ..offline.report import cell
+from ..export.concern import cell
 
 COLUMNS = (
     ("CONVERSATION", "conversation", 14),

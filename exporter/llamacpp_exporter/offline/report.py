@@ -23,7 +23,7 @@ from typing import Any, cast
 from ..export.cache_outcome import EXCLUSIONS, CouldHaveHit
 from ..export.concern import ConcernReport, ReportInputs, ReportSettings, Table, Values, cell, fmt_rate
 from ..export.concerns import REPORT_PARTS
-from ..export.report_types import Rate, Report, Unknown
+from ..export.report_types import Number, Rate, Report, Unknown
 from ..records import RequestRecord
 from .findings import findings
 
@@ -52,12 +52,12 @@ class ValueLists:
     on disk)."""
 
     def __init__(self) -> None:
-        self.lists: defaultdict[str, list[float]] = defaultdict(list)
+        self.lists: defaultdict[str, list[Number]] = defaultdict(list)
 
-    def add(self, group: str, value: float) -> None:
+    def add(self, group: str, value: Number) -> None:
         self.lists[group].append(value)
 
-    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, float]]:
+    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, Number]]:
         vs = sorted(self.lists.get(group, ()))
         return len(vs), {k: vs[k] for k in ranks if 0 <= k < len(vs)}
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import fields, replace
 from typing import Any, cast
 
+from ..export.report_types import Number
 from ..records import ConversationProof, JoinSource, RequestRecord
 
 BATCH = 2000  # records written per transaction
@@ -235,9 +236,9 @@ class StoredValues:
         self.db = store.db
         self.db.execute("CREATE TEMP TABLE IF NOT EXISTS vals (grp TEXT NOT NULL, v NOT NULL)")
         self.db.execute("DELETE FROM vals")
-        self._pending: list[tuple[str, float]] = []
+        self._pending: list[tuple[str, Number]] = []
 
-    def add(self, group: str, value: float) -> None:
+    def add(self, group: str, value: Number) -> None:
         self._pending.append((group, value))
         if len(self._pending) >= BATCH:
             self._flush()
@@ -248,12 +249,12 @@ class StoredValues:
                 self.db.executemany("INSERT INTO vals (grp, v) VALUES (?, ?)", self._pending)
             self._pending.clear()
 
-    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, float]]:
+    def ranked(self, group: str, ranks: Iterable[int]) -> tuple[int, dict[int, Number]]:
         """How many values the group has, and the value at each rank (0-based, ascending)."""
         self._flush()
         (n,) = self.db.execute("SELECT COUNT(*) FROM vals WHERE grp = ?", (group,)).fetchone()
         wanted = {k for k in ranks if 0 <= k < n}
-        out: dict[int, float] = {}
+        out: dict[int, Number] = {}
         if wanted:
             last = max(wanted)
             for i, (v,) in enumerate(self.db.execute("SELECT v FROM vals WHERE grp = ? ORDER BY v", (group,))):
