@@ -20,6 +20,7 @@ from .concern import (
     cell,
     group_percentiles,
     percentile_row,
+    ratio,
     secs,
 )
 from .families import CounterValues, HistogramValues
@@ -241,7 +242,7 @@ class ContentionReport(ConcernReport):
                 yield ["time_per_output_token_seconds", "", "", f"{name}_{k}", "", "", pc[k]]
         yield ["small_task_takeovers", "", "", "count", "", "", rep["small_task_takeovers"]]
         for name, share in named_shares(rep):
-            yield ["named", "", "", name, share["named"], share["total"], _ratio(share)]
+            yield ["named", "", "", name, share["named"], share["total"], ratio(share["named"], share["total"])]
 
     @staticmethod
     def comparison_rows(a: Report, b: Report) -> list[list[str]]:
@@ -272,10 +273,6 @@ def named_shares(rep: Report) -> list[tuple[str, Share]]:
     return out
 
 
-def _ratio(share: Share) -> float | None:
-    return round(share["named"] / share["total"], 4) if share["total"] else None
-
-
 def _percent(share: Share) -> str:
-    r = _ratio(share)
+    r = ratio(share["named"], share["total"])
     return "-" if r is None else f"{100 * r:.0f}%"
