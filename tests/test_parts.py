@@ -16,6 +16,7 @@ from llamacpp_exporter.assemble.logclock import RESTART_CONFIRM_LINES, LogClock
 from llamacpp_exporter.assemble.lora import LoraTracker, state
 from llamacpp_exporter.assemble.promptcache import PromptCacheLog, Selection
 from llamacpp_exporter.assemble.serverstate import ServerState
+from llamacpp_exporter.assemble.timeline import Overlap
 from llamacpp_exporter.records import RequestRecord, SlotState
 
 
@@ -248,7 +249,9 @@ def test_overlap_is_charged_to_the_prefilling_conversations() -> None:
     att._conv[(0, 1)] = ("A", "header")
     att._conv[(0, 2)] = ("B", "header")
     att._conv[(0, 3)] = (None, "uncertain")
-    slowed_by = att.charge([(1, 0, 1_000_000), (2, 0, 3_000_000), (3, 0, 9_000_000)])
+    slowed_by = att.charge(
+        [Overlap(1, 1, 0, 0, 1_000_000), Overlap(2, 2, 0, 0, 3_000_000), Overlap(3, 3, 0, 0, 9_000_000)]
+    )
     assert slowed_by == "B" and sorted(sink.named("conversation_cost")) == [("A", 1.0), ("B", 3.0)]
 
 

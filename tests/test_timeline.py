@@ -6,17 +6,29 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamacpp_exporter.assemble.timeline import MAX_PREFILL_HISTORY, PrefillTimeline, union_us
+from llamacpp_exporter.assemble.timeline import (
+    MAX_OVERLAPPED_PREFILLS,
+    MAX_PREFILL_HISTORY,
+    Overlap,
+    PrefillTimeline,
+    overlapped_prefills,
+    union_us,
+)
+
+
+def during(t: PrefillTimeline, slot: int, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(task, from, to) of the other slots' prefills between start and end."""
+    return [(o.task, o.lo, o.hi) for o in t.overlapping(slot, start, end)]
 
 
 def test_a_prefill_runs_from_its_first_batch_to_its_end_and_overlaps_other_slots() -> None:
     t = PrefillTimeline()
     t.launched(0, task=1, at=100, begin_logged=False)
     t.first_batch(0, task=1, at=150)  # waited for another slot's batch before its own
-    assert list(t.overlapping(1, 0, 1000)) == [(1, 150, 1000)]  # still running: open to the end
+    assert during(t, 1, 0, 1000) == [(1, 150, 1000)]  # still running: open to the end
     t.ended(0, at=400)
-    assert list(t.overlapping(1, 0, 1000)) == [(1, 150, 400)]
-    assert list(t.overlapping(0, 0, 1000)) == []  # a slot never overlaps itself
+    assert during(t, 1, 0, 1000) == [(1, 150, 400)]
+    assert during(t, 0, 0, 1000) == []  # a slot never overlaps itself
     assert not t.settled_before(1, 1000)  # not exact yet: a record decoding until 1000 waits
     assert t.settled_before(1, 150)  # ... but not one that ended before it began
 
@@ -26,10 +38,10 @@ def test_the_servers_timings_fix_the_interval_and_the_release_settles_it() -> No
     t.launched(0, task=1, at=100, begin_logged=False)
     t.ended(0, at=420)
     t.timed(0, task=1, start=130, end=410)  # counted back from the eval line
-    assert list(t.overlapping(1, 0, 1000)) == [(1, 130, 410)] and t.settled_before(1, 1000)
+    assert during(t, 1, 0, 1000) == [(1, 130, 410)] and t.settled_before(1, 1000)
     t.launched(0, task=2, at=500, begin_logged=False)
     assert t.released(0, task=2, at=600) is True  # cancelled mid-prefill: closed at the release
-    assert list(t.overlapping(1, 550, 1000)) == [(2, 550, 600)] and t.settled_before(1, 1000)
+    assert during(t, 1, 550, 1000) == [(2, 550, 600)] and t.settled_before(1, 1000)
 
 
 def test_where_first_batches_are_logged_a_prefill_not_begun_overlaps_nothing_and_holds_nothing() -> None:
@@ -39,20 +51,40 @@ def test_where_first_batches_are_logged_a_prefill_not_begun_overlaps_nothing_and
     t = PrefillTimeline()
     t.launched(0, task=1, at=100, begin_logged=True)
     assert t.settled_before(1, 500)  # a record on slot 1 ending at 500 (the last line read) goes out
-    assert list(t.overlapping(1, 0, 500)) == [] and t.largest_overlapping(1, 0, 500) == 0
+    assert during(t, 1, 0, 500) == [] and t.largest_overlapping(1, 0, 500) == 0
     t.first_batch(0, task=1, at=600)
-    assert list(t.overlapping(1, 0, 1000)) == [(1, 600, 1000)] and not t.settled_before(1, 1000)
+    assert during(t, 1, 0, 1000) == [(1, 600, 1000)] and not t.settled_before(1, 1000)
     t.released(0, task=1, at=700)
     t.launched(0, task=2, at=800, begin_logged=True)
     assert t.released(0, task=2, at=900) is True  # given up before its first batch: computed nothing
-    assert list(t.overlapping(1, 750, 1000)) == [] and t.settled_before(1, 1000)
+    assert during(t, 1, 750, 1000) == [] and t.settled_before(1, 1000)
     # below -lv 4 a prefill is taken from its launch: an upper bound, and records wait for it
     t.launched(0, task=3, at=1000, begin_logged=False)
-    assert list(t.overlapping(1, 1000, 1100)) == [(3, 1000, 1100)] and not t.settled_before(1, 1100)
+    assert during(t, 1, 1000, 1100) == [(3, 1000, 1100)] and not t.settled_before(1, 1100)
     # a "prompt done" without its first batch (the line was lost): from the launch, as below -lv 4
     t.launched(2, task=4, at=1200, begin_logged=True)
     t.ended(2, at=1300)
-    assert list(t.overlapping(1, 1150, 1400)) == [(3, 1150, 1400), (4, 1200, 1300)]
+    assert during(t, 1, 1150, 1400) == [(3, 1150, 1400), (4, 1200, 1300)]
+
+
+def test_an_overlap_names_the_prefilling_request_by_its_records_key() -> None:
+    """The slot, task and launch of the prefill: its record's key, which a trace links to."""
+    t = PrefillTimeline()
+    t.launched(2, task=7, at=100, begin_logged=True)
+    t.first_batch(2, task=7, at=180)
+    t.timed(2, task=7, start=180, end=400, tokens=900)
+    assert list(t.overlapping(0, 0, 1000)) == [Overlap(2, 7, 100, 180, 400)]
+    t.timed(2, task=8, start=500, end=600)  # timings of a task whose launch was not read
+    assert list(t.overlapping(0, 450, 1000)) == [Overlap(2, 8, None, 500, 600)]
+
+
+def test_the_overlapped_prefills_are_grouped_by_request_most_first_and_bounded() -> None:
+    overlaps = [Overlap(1, 5, 10, 0, 200_000), Overlap(2, 6, 20, 0, 500_000), Overlap(1, 5, 10, 300_000, 400_000)]
+    assert overlapped_prefills(overlaps) == ((2, 6, 20, 0.5), (1, 5, 10, 0.3))
+    assert overlapped_prefills([Overlap(1, 5, None, 0, 9)]) == ()  # no launch: no record to name
+    many = [Overlap(1, i, i, 0, i + 1) for i in range(MAX_OVERLAPPED_PREFILLS + 4)]
+    kept = overlapped_prefills(many)
+    assert len(kept) == MAX_OVERLAPPED_PREFILLS and kept[0][1] == MAX_OVERLAPPED_PREFILLS + 3
 
 
 def test_history_is_bounded_and_union_counts_overlaps_once() -> None:

@@ -143,6 +143,9 @@ class RequestRecord:
     # the largest prefill (prompt tokens computed) of another slot during its decoding: 0 for
     # none, None when unknown
     overlapping_prefill_tokens: int | None = None
+    # (slot, task, start_us, seconds): the requests whose prefill overlapped its decoding, the
+    # most first (at most 8), each named by its own record's key (its trace links to them)
+    overlapped_prefills: tuple[tuple[int, int, int, float], ...] = ()
     conversation: str | None = None  # pseudonym: salted HMAC of the header id, or of a lineage root
     # "header" (its X-Conversation-Id), "lineage" (it sent none: cache lineage), "uncertain"
     # (the log cannot prove which request it was; conversation is None), None for child tasks

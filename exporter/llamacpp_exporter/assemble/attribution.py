@@ -17,6 +17,7 @@ from .. import parse as p
 from ..records import JoinSource, RequestRecord
 from .join import HEADER, NONE, UNCERTAIN, HeaderJoin, Holds
 from .promptcache import CONTAINED_MIN_TOKENS, Selection
+from .timeline import Overlap
 
 TaskKey = tuple[int, int]  # (epoch, task)
 Conversation = tuple[str | None, JoinSource]  # (pseudonym or None, source)
@@ -332,11 +333,11 @@ class Attribution:
         del self._evicted[conversation]
         return evicted[1]
 
-    def charge(self, overlaps: Iterable[tuple[int, int, int]]) -> str | None:
-        """Charge each prefilling conversation its share of another request's decoding,
-        (task, from, to) in the current epoch. Returns the conversation that overlapped most."""
+    def charge(self, overlaps: Iterable[Overlap]) -> str | None:
+        """Charge each prefilling conversation its share of another request's decoding, in the
+        current epoch. Returns the conversation that overlapped most."""
         by_conv: dict[str, int] = {}
-        for task, lo, hi in overlaps:
+        for _, task, _, lo, hi in overlaps:
             known = self.conversation(self.epoch, task)
             if known is not None and known[0] is not None:
                 by_conv[known[0]] = by_conv.get(known[0], 0) + hi - lo

@@ -20,7 +20,7 @@ from .attribution import JOIN_WAIT_US, Attribution
 from .cachemirror import EvictionNeed, Source
 from .draft import TaskDraft
 from .lora import LoraTracker
-from .timeline import PrefillTimeline, union_us
+from .timeline import Overlap, PrefillTimeline, overlapped_prefills, union_us
 
 MAX_PENDING: Final = 256
 
@@ -125,7 +125,7 @@ class Finisher:
             return True
         if not d.outside_join and att.conversation(d.epoch, d.task) is None:
             return False
-        return all(att.conversation(att.epoch, task) is not None for task, _, _ in self._overlapping(d))
+        return all(att.conversation(att.epoch, o.task) is not None for o in self._overlapping(d))
 
     def _overlap_resolved(self, d: TaskDraft) -> bool:
         if d.decode_start_us is None or d.end_us is None:
@@ -162,8 +162,8 @@ class Finisher:
             self._finish(d)
         self.next_deadline = 1 << 62
 
-    def _overlapping(self, d: TaskDraft) -> Iterable[tuple[int, int, int]]:
-        """(task, from, to) for every other slot's prefill during this task's decoding."""
+    def _overlapping(self, d: TaskDraft) -> Iterable[Overlap]:
+        """Every other slot's prefill during this task's decoding."""
         start, end = d.decode_start_us, d.decode_end_us
         if start is None or end is None or not d.decode_seconds:
             return ()
@@ -225,11 +225,13 @@ class Finisher:
             )
         # other slots' prefills during this request's decoding, charged to their conversations
         overlap, slowed_by, largest = 0.0, None, None
+        overlapped: tuple[tuple[int, int, int, float], ...] = ()
         contention: Contention | None = None
         if d.decode_start_us is not None and d.decode_end_us is not None and d.decode_seconds:
             overlaps = list(self._overlapping(d))
             slowed_by = self.attribution.charge(overlaps)
-            overlap = union_us([(lo, hi) for _, lo, hi in overlaps]) / 1e6
+            overlap = union_us([(o.lo, o.hi) for o in overlaps]) / 1e6
+            overlapped = overlapped_prefills(overlaps)
             contention = "prefill" if overlap / d.decode_seconds > st.contention_fraction else "none"
             largest = self.prefills.largest_overlapping(d.slot, d.decode_start_us, d.decode_end_us)
         queue_us = None
@@ -254,6 +256,7 @@ class Finisher:
             overlap_seconds=overlap,
             contention=contention,
             overlapping_prefill_tokens=largest,
+            overlapped_prefills=overlapped,
             conversation=conv,
             conversation_source=conv_source,
             wasted_prompt_tokens=wasted,

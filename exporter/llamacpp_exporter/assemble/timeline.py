@@ -16,9 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 MAX_PREFILL_HISTORY: Final = 32  # per slot: decodes never last longer than the last few prefills
+MAX_OVERLAPPED_PREFILLS: Final = 8  # per record: the prefills that overlapped its decoding most
+
+
+class Overlap(NamedTuple):
+    """Another slot's prefill during a decoding: whose (its slot, task and launch, the key of
+    its record) and the part of the decoding it overlapped, in server time."""
+
+    slot: int
+    task: int
+    launched: int | None  # None: the timeline lost its launch
+    lo: int
+    hi: int
 
 
 @dataclass(slots=True)
@@ -26,6 +38,7 @@ class Prefill:
     start: int
     end: int | None  # None: running
     task: int
+    launched: int | None  # its task's launch (the record's start_us); None where not seen
     exact: bool = False  # fixed by the server's own timings (or the release)
     tokens: int | None = None  # prompt tokens it computed (the server's timings), when known
     begun: bool = True  # False: launched where "new prompt" is logged, and that line not read yet
@@ -52,7 +65,7 @@ class PrefillTimeline:
     def launched(self, slot: int, task: int, at: int, begin_logged: bool) -> None:
         """begin_logged: this server logs each prefill's first batch ("new prompt", -lv 4)."""
         pf = self.slots.setdefault(slot, [])
-        new = Prefill(at, None, task, begun=not begin_logged)
+        new = Prefill(at, None, task, at, begun=not begin_logged)
         pf.append(new)
         self._inexact.setdefault(slot, []).append(new)
         if len(pf) > MAX_PREFILL_HISTORY:
@@ -76,7 +89,9 @@ class PrefillTimeline:
         """The server's timings fix the last prefill of the slot."""
         if self.slots.get(slot):
             self._settle(slot, self.slots[slot][-1])
-            self.slots[slot][-1] = Prefill(start, end, task, True, tokens)
+            last = self.slots[slot][-1]
+            launched = last.launched if last.task == task else None
+            self.slots[slot][-1] = Prefill(start, end, task, launched, True, tokens)
 
     def released(self, slot: int, task: int, at: int) -> bool:
         """The task is over: its prefill is as exact as it gets. True if it was still open."""
@@ -93,7 +108,7 @@ class PrefillTimeline:
             return True
         return False
 
-    def _around(self, slot: int, start: int, end: int) -> Iterator[Prefill]:
+    def _around(self, slot: int, start: int, end: int) -> Iterator[tuple[int, Prefill]]:
         """Every other slot's prefills that may overlap [start, end), oldest first. A slot runs
         one task at a time, so its prefills are in order and do not overlap each other: read
         from the newest back, past the ones after `end`, until one ended before `start`."""
@@ -109,20 +124,21 @@ class PrefillTimeline:
                 if last_end is not None and last_end <= start:
                     break
                 j -= 1
-            yield from pf[j:i]
+            for p in pf[j:i]:
+                yield sid, p
 
-    def overlapping(self, slot: int, start: int, end: int) -> Iterator[tuple[int, int, int]]:
-        """(task, from, to) for every other slot's prefill between start and end."""
-        for p in self._around(slot, start, end):
+    def overlapping(self, slot: int, start: int, end: int) -> Iterator[Overlap]:
+        """Every other slot's prefill between start and end."""
+        for sid, p in self._around(slot, start, end):
             lo, hi = max(p.start, start), min(end if p.end is None else p.end, end)
             if hi > lo:
-                yield p.task, lo, hi
+                yield Overlap(sid, p.task, p.launched, lo, hi)
 
     def largest_overlapping(self, slot: int, start: int, end: int) -> int | None:
         """The most prompt tokens computed by another slot's prefill between start and end: 0
         when none overlapped, None when one that did has no known size."""
         largest: int | None = 0
-        for p in self._around(slot, start, end):
+        for _, p in self._around(slot, start, end):
             if min(end if p.end is None else p.end, end) > max(p.start, start):
                 if p.tokens is None:
                     return None
@@ -134,6 +150,19 @@ class PrefillTimeline:
         will not change. `end` is at or before the last line read: a prefill not begun by then
         begins after it."""
         return all(p.start >= end or not p.begun for sid, pf in self._inexact.items() if sid != slot for p in pf)
+
+
+def overlapped_prefills(overlaps: list[Overlap]) -> tuple[tuple[int, int, int, float], ...]:
+    """(slot, task, launch, seconds) of the requests whose prefill overlapped a decoding, most
+    first, at most MAX_OVERLAPPED_PREFILLS: the record's own account of who slowed it, which its
+    trace links to. A prefill whose launch the timeline lost is left out (no record to name)."""
+    by_task: dict[tuple[int, int, int], int] = {}
+    for o in overlaps:
+        if o.launched is not None:
+            k = (o.slot, o.task, o.launched)
+            by_task[k] = by_task.get(k, 0) + o.hi - o.lo
+    most = sorted(by_task.items(), key=lambda kv: (-kv[1], kv[0]))[:MAX_OVERLAPPED_PREFILLS]
+    return tuple((slot, task, launched, us / 1e6) for (slot, task, launched), us in most)
 
 
 def union_us(spans: list[tuple[int, int]]) -> int:
