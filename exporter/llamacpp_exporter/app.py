@@ -29,6 +29,7 @@ from . import __version__, log_reading
 from .assemble.finish import AssemblySettings
 from .assemble.pseudonyms import Pseudonymizer
 from .config import Config, parse_listen_address, position_file, read_api_key, read_salt
+from .export import otlp
 from .export.conversations import ConversationCosts
 from .export.events import written_records
 from .export.exposition import ExpositionRegistry
@@ -40,6 +41,8 @@ from .export.http import (
     V6ThreadingWSGIServer,
     make_app,
 )
+from .export.otlp import TraceExport
+from .export.traces import RunOffsets
 from .export.web_config import WebConfigFile
 from .pipeline import CatchUp, Input, Lines, OversizedLine, Pipeline
 from .sources.command import CommandSource
@@ -137,6 +140,7 @@ class Exporter:
             max_conversations=cfg.conversations.max_tracked,
         )
         self.answering = Answering()  # scrapes being rendered: the pipeline lets them go first
+        self.traces = self._traces()
         self.address = ServerAddress(cfg.llama.url)
         self.pipeline = Pipeline(
             self.registry,
@@ -149,6 +153,8 @@ class Exporter:
             costs=self.costs,
             on_server_listening=self.address.from_log,
             buckets=cfg.metrics,
+            consumers=[self.traces] if self.traces is not None else [],
+            run_offsets=self.traces.offsets if self.traces is not None else None,
         )
         self.poller = ServerPoller(
             self.address,
@@ -189,6 +195,27 @@ class Exporter:
         self.source = self._log_source()
         self.threads: list[threading.Thread] = []
         self.httpd: WSGIServer | None = None
+
+    def _traces(self) -> TraceExport | None:
+        """Each request's trace over OTLP: asked for by --traces.otlp-endpoint (checked with the
+        configuration: the SDK is there) or by the standard OTEL_* variables."""
+        endpoint = self.cfg.traces.otlp_endpoint
+        if endpoint is None and otlp.endpoint_from_environment() is None:
+            return None
+        if not otlp.available():
+            log.warning(
+                "OTEL_EXPORTER_OTLP_ENDPOINT is set, but the OpenTelemetry SDK is not installed: no traces are sent "
+                "(%s)",
+                otlp.EXTRA_HINT,
+            )
+            return None
+        otlp.quiet_sdk_logs()
+        # a given endpoint is a base URL, as OTEL_EXPORTER_OTLP_ENDPOINT; None: the SDK reads the variables
+        traces = TraceExport(
+            otlp.traces_url(endpoint) if endpoint else None, self.cfg.traces.max_queued, RunOffsets(), self.registry
+        )
+        log.info("sending each request's trace over OTLP/HTTP to %s", traces.endpoint)
+        return traces
 
     def _request_slots_poll(self, until_prefill_started: bool, model: str) -> None:
         self.poller.request_slots_poll(until_prefill_started, model)
@@ -288,6 +315,8 @@ class Exporter:
             if web.current().ssl_context is not None:
                 self.httpd.base_environ["HTTPS"] = "on"
         self.port = self.httpd.server_address[1]
+        if self.traces is not None:
+            self.traces.start()
         for name, target in (
             ("pipeline", self._process),
             ("log-source", self._source),
@@ -363,6 +392,8 @@ class Exporter:
             elif t.name == "log-source":
                 t.join(timeout=1)  # lets a --log.command child be stopped with us
         self.poller.close()
+        if self.traces is not None:
+            self.traces.close()  # what waits goes out, for at most a few seconds
 
 
 def _raise_open_files_limit() -> None:

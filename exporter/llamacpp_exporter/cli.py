@@ -28,6 +28,7 @@ from .config import (
     redact,
     validate,
 )
+from .export import otlp
 from .export.web_config import load_web_config
 
 log = logging.getLogger("llamacpp_exporter")
@@ -115,6 +116,12 @@ def config_from_args(args: argparse.Namespace) -> Config:
         lambda: read_api_key(cfg.llama),  # a missing key file is a config error, found now
         lambda: read_salt(cfg.conversations),
     ]
+    if cfg.traces.otlp_endpoint and not otlp.available():
+        mistakes.append(
+            f"traces.otlp_endpoint: sending traces needs the OpenTelemetry SDK and its OTLP/HTTP exporter: "
+            f"{otlp.EXTRA_HINT}, into the environment the exporter runs in ({sys.executable} -m pip install "
+            f"opentelemetry-sdk opentelemetry-exporter-otlp-proto-http)"
+        )
     if cfg.web.config_file:
         web_file = cfg.web.config_file
         checks.append(lambda: load_web_config(web_file))  # a bad TLS or auth file, found now

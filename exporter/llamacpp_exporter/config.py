@@ -340,6 +340,25 @@ PREFILL_BUCKETS: Final = (
 MAX_BUCKETS: Final = 40  # each bound is a series per label set
 
 
+@dataclass(frozen=True)
+class TracesConfig:
+    otlp_endpoint: str | None = setting(
+        None,
+        "send each request's trace over OTLP/HTTP to this collector (Tempo, Jaeger, an OpenTelemetry Collector: "
+        "http://tempo:4318); needs pip install 'llamacpp-exporter[otlp]'. Without it OTEL_EXPORTER_OTLP_ENDPOINT "
+        "or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT turn traces on",
+        flag="--traces.otlp-endpoint",
+        metavar="URL",
+    )
+    max_queued: int = setting(
+        10_000,
+        "requests whose trace may wait to be sent (a collector down or slow); more are dropped and counted",
+        flag="--traces.max-queued",
+        metavar="N",
+        bounds=(1, 10_000_000),
+    )
+
+
 def bucket_setting(default: tuple[float, ...], of: str, flag: str) -> Any:
     return setting(
         default,
@@ -385,6 +404,7 @@ class Config:
     takeover: TakeoverConfig = field(default_factory=TakeoverConfig)
     conversations: ConversationsConfig = field(default_factory=ConversationsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    traces: TracesConfig = field(default_factory=TracesConfig)
 
 
 def settings() -> list[tuple[str, dataclasses.Field[Any]]]:
@@ -570,12 +590,12 @@ def validate(cfg: Config) -> Config:
                 "llama.log_path and llama.log_command are exclusive: follow a file (or - for stdin) or a command"
             )
         )
-    url = cfg.llama.url
-    if url is not None:
-        try:
-            _check_url(url)
-        except ConfigError as e:
-            mistakes.add(e)
+    for url_key, url in (("llama.url", cfg.llama.url), ("traces.otlp_endpoint", cfg.traces.otlp_endpoint)):
+        if url is not None:
+            try:
+                _check_url(url, url_key)
+            except ConfigError as e:
+                mistakes.add(e)
     for sec in dataclasses.fields(cfg):
 
         def key(f: dataclasses.Field[Any], section: str = sec.name) -> str:
@@ -606,16 +626,16 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def _check_url(url: str) -> None:
+def _check_url(url: str, key: str = "llama.url") -> None:
     if not url.startswith(("http://", "https://")):
-        raise ConfigError(f"llama.url: must start with http:// or https://, got {url!r}")
+        raise ConfigError(f"{key}: must start with http:// or https://, got {url!r}")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError as e:
-        raise ConfigError(f"llama.url: not a URL ({e}): {url!r}") from None
+        raise ConfigError(f"{key}: not a URL ({e}): {url!r}") from None
     if not parts.hostname:
-        raise ConfigError(f"llama.url: no host in {url!r}")
+        raise ConfigError(f"{key}: no host in {url!r}")
 
 
 def parse_listen_address(addr: str) -> tuple[str, int]:

@@ -26,6 +26,7 @@ from .export.conversations import ConversationCollector, ConversationCosts
 from .export.events import EventsFile
 from .export.metrics import LogMetrics, ModelMetrics, RequestMetrics
 from .export.router import RouterMetrics
+from .export.traces import RunOffsets
 from .parse import TESTED_BUILDS
 from .records import ConversationProof, JoinSource, LoraAdapters, RecordKey, RequestRecord, SlotsSnapshot
 
@@ -192,6 +193,8 @@ class Pipeline:
         pseudonymize: Callable[[str], str] | None = None,
         costs: ConversationCosts | None = None,
         buckets: MetricsConfig | None = None,
+        consumers: Iterable[RecordConsumer] = (),
+        run_offsets: RunOffsets | None = None,
     ) -> None:
         self.registry = registry
         self.clock = clock
@@ -201,7 +204,9 @@ class Pipeline:
         self.pseudonymize = pseudonymize or Pseudonymizer()
         self.costs = costs or ConversationCosts(clock=clock)
         registry.register(ConversationCollector(self.costs))
-        self.requests = RequestMetrics(registry, buckets)
+        # run_offsets: traces are sent (export/otlp.py); the latency histograms' exemplars carry
+        # each request's trace id
+        self.requests = RequestMetrics(registry, buckets, trace_exemplars=run_offsets is not None)
         self.metrics = LogMetrics(registry)
         self.router = RouterMetrics(registry)
         self.events = EventsFile(events_path, registry, *events_limits) if events_path else None
@@ -210,6 +215,8 @@ class Pipeline:
             self.consumers.append(self.events)
         if on_record is not None or on_proof is not None:
             self.consumers.append(Callbacks(on_record, on_proof))
+        self.consumers.extend(consumers)
+        self.run_offsets = run_offsets  # where each server run's log time falls in wall-clock time
         self.records_out = 0
         # the records the events file holds from before a restart
         self.written: set[RecordKey] | None = None
@@ -276,6 +283,14 @@ class Pipeline:
         now_us = int(t * 1_000_000)
         for line in lines:
             self._line(line, t, now_us)
+        if self.run_offsets is not None:
+            self._saw_runs(self.run_offsets)
+
+    def _saw_runs(self, offsets: RunOffsets) -> None:
+        """Once a batch: each run's offset from the last line read live (see export/traces.py)."""
+        for a in self.assemblers:
+            if not a.catching_up and a.clock.last_ts is not None:
+                offsets.saw(a.model, a.epoch, a.clock.read_us, a.clock.now)
 
     def _line(self, line: str, t: float, now_us: int) -> None:
         try:

@@ -170,6 +170,7 @@ class RequestRecord:
     queue_seconds: float | None = None
     start_us: int | None = None
     end_us: int | None = None
+    decode_end_us: int | None = None  # its timings line (the decoding's end), in server time
 
     def to_event(self) -> dict[str, Any]:
         """The events-file line."""

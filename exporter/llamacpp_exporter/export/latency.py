@@ -26,6 +26,7 @@ from .concern import (
 )
 from .families import CounterValues, HistogramValues
 from .report_types import Report
+from .traces import trace_id_hex
 
 PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 131072
 
@@ -33,6 +34,7 @@ PREFILL_TOKENS_BUCKETS: Final = tuple(float(2**i) for i in range(18))  # 1 .. 13
 class LatencyMetrics:
     def __init__(self, buckets: MetricsConfig) -> None:
         b = buckets
+        self.trace_exemplars = False  # traces are sent: exemplars carry the request's trace id
         self.prefill_seconds = HistogramValues(
             "llamacpp_prefill_duration_seconds",
             "Prefill time of a request (slot start to first token, llama-server's prompt eval time).",
@@ -103,6 +105,8 @@ class LatencyMetrics:
         exemplar = {"slot": str(rec.slot), "task": str(rec.task)}
         if rec.conversation:
             exemplar["conversation"] = rec.conversation
+        if self.trace_exemplars:
+            exemplar["trace_id"] = trace_id_hex(rec.key)
         if not ended_unanswered(rec):
             self._latency(rec, exemplar)
         if rec.prefill_seconds is not None:

@@ -25,6 +25,7 @@ from .contention import ContentionMetrics
 from .conversations import ConversationCosts
 from .exposition import Encoding, render_families
 from .families import CounterValues, FamiliesCollector, GaugeValues
+from .latency import LatencyMetrics
 from .request_endings import RequestEndingsMetrics
 
 CACHE_UPDATE_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -47,9 +48,12 @@ class RequestMetrics(FamiliesCollector):
     no locks, and a scrape builds its samples without prometheus_client's per-child machinery.
     """
 
-    def __init__(self, registry: CollectorRegistry, buckets: MetricsConfig | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, buckets: MetricsConfig | None = None, trace_exemplars: bool = False
+    ) -> None:
         b = buckets or MetricsConfig()
         self.concerns: list[ConcernMetrics] = [live(b) for live, _ in CONCERNS]
+        _the(self.concerns, LatencyMetrics).trace_exemplars = trace_exemplars
         super().__init__([f for c in self.concerns for f in c.families])
         # the concerns told of more than records
         self.endings = _the(self.concerns, RequestEndingsMetrics)

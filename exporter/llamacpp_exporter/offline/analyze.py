@@ -40,6 +40,7 @@ from ..config import (
     read_salt,
     setting,
 )
+from ..export import otlp
 from ..export.conversations import ConversationCosts
 from ..export.events import events_files
 from ..export.report_types import Report, Unknown
@@ -237,14 +238,20 @@ def _lines_read(pl: Pipeline) -> int:
     return sum(pl.metrics.line_counts().values())
 
 
+def run_offsets_us(ends: list[FileEnd]) -> dict[int, int]:
+    """Each datable run's log time 0 in Unix time (microseconds), anchored by the modification
+    time of the last file in which the run ended (a run another run followed in the same file
+    has none)."""
+    return {e.epoch: round(e.mtime * 1e6) - e.log_us for e in ends if e.log_us is not None}
+
+
 def wall_clock(ends: list[FileEnd]) -> Callable[[int, int], float | None]:
-    """A run's log time to Unix time, anchored by the modification time of the last file in
-    which the run ended; None for a run another run followed in the same file."""
-    anchors = {e.epoch: e.mtime - e.log_us / 1e6 for e in ends if e.log_us is not None}
+    """A run's log time to Unix time; None for a run that cannot be dated."""
+    anchors = run_offsets_us(ends)
 
     def at(epoch: int, log_us: int) -> float | None:
         t0 = anchors.get(epoch)
-        return None if t0 is None else t0 + log_us / 1e6
+        return None if t0 is None else (t0 + log_us) / 1e6
 
     return at
 
@@ -524,6 +531,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write every request record read, one JSON line each, in the exporter's events-file form "
         "(readable again with --events, or with jq or DuckDB)",
     )
+    ap.add_argument(
+        "--otlp",
+        metavar="URL",
+        help="send each request's trace over OTLP/HTTP to this collector (http://tempo:4318), at the log's own "
+        "times; the same request always gets the same trace id, so sending a log again adds nothing (needs "
+        "pip install 'llamacpp-exporter[otlp]')",
+    )
     ap.add_argument("--no-progress", action="store_true", help="no progress line on large inputs")
     return ap
 
@@ -560,6 +574,23 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.otlp:
+        if not args.logs:
+            print("llamacpp-exporter analyze: --otlp needs log files (their times date the spans)", file=sys.stderr)
+            return 2
+        if not args.otlp.startswith(("http://", "https://")):
+            print(
+                f"llamacpp-exporter analyze: --otlp: give an http:// or https:// URL, got {args.otlp!r}",
+                file=sys.stderr,
+            )
+            return 2
+        if not otlp.available():
+            print(
+                f"llamacpp-exporter analyze: --otlp needs the OpenTelemetry SDK: {otlp.EXTRA_HINT} "
+                f"({sys.executable} -m pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http)",
+                file=sys.stderr,
+            )
+            return 2
     missing = [p for p in [*args.logs, *args.events] if not Path(p).is_file()]
     if missing:
         print(f"llamacpp-exporter analyze: no such file: {', '.join(missing)}", file=sys.stderr)
@@ -646,6 +677,9 @@ def _outputs(
             note += f"; {w.samples_out_of_order} samples dropped where runs' times overlapped"
         print(note, file=sys.stderr)
 
+    if args.otlp and _send_traces(args, result) != 0:
+        return 1
+
     def build(result: Analysis, since: float | None, until: float | None) -> Report:
         return streamed_report(result, opts, settings, since, until)
 
@@ -692,4 +726,36 @@ def _outputs(
         "csv": lambda: report.to_csv(rep),
     }[opts.format]()
     sys.stdout.write(out)
+    return 0
+
+
+def _send_traces(args: argparse.Namespace, result: Analysis) -> int:
+    """analyze --otlp: the traces of the records started in the window, at the log's times. A
+    router's children keep their own log time, which the files' times do not date: not sent."""
+    offsets = run_offsets_us(result.file_ends)
+
+    def dated_offsets() -> Iterator[tuple[RequestRecord, int | None]]:
+        for t, r in dated(result):
+            if (args.since is not None and (t is None or t < args.since)) or (
+                args.until is not None and (t is None or t >= args.until)
+            ):
+                continue
+            yield r, offsets.get(r.epoch) if not r.model else None
+
+    url = otlp.traces_url(args.otlp)
+    counts = otlp.send_history(dated_offsets(), url)
+    note = f"analyze: traces of {counts['sent']} requests sent to {url} ({counts['spans']} spans)"
+    if counts["undated"]:
+        note += (
+            f"; {counts['undated']} not sent: their server run cannot be dated (another run follows it in the same "
+            "file, a router's model, or a log without timestamps)"
+        )
+    print(note, file=sys.stderr)
+    if counts["failed"]:
+        print(
+            f"llamacpp-exporter analyze: the OTLP collector at {url} did not take the traces of {counts['failed']} "
+            "requests (down, slow or refusing); sending again sends the same traces, none twice",
+            file=sys.stderr,
+        )
+        return 1
     return 0
