@@ -1,0 +1,285 @@
+"""Each request as a trace (export/traces.py, export/otlp.py): on recorded real logs, the spans'
+durations are the records', their attributes the responses' timings, their links the prefills
+that really overlapped; then through a real OTLP receiver (oteltap, from PyPI): analyze --otlp,
+the live exporter, and a collector that is down, then slow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from otlp_receiver import OtlpReceiver, ReceivedSpan
+from realserver import ExporterProcess, free_port, wait_for
+from support import LOGS, by_timings, log_lines, replay_records, truths, wait_records
+
+from llamacpp_exporter.export.traces import Span, span_id, spans_of, trace_id, trace_id_hex
+from llamacpp_exporter.records import RecordKey, RequestRecord
+
+PILEUPS = "b11434-lv4-np4-pileups.log"
+CONTENTION = "lv4-np2-contention.log"
+US = 1e-6  # spans are placed at microseconds; a duration rounds at most one off
+
+
+def by_name(spans: list[Span]) -> dict[str, Span]:
+    return {s.name.split(" ")[0]: s for s in spans}
+
+
+def secs(s: Span) -> float:
+    return (s.end_ns - s.start_ns) / 1e9
+
+
+@pytest.mark.parametrize("log", [PILEUPS, CONTENTION])
+def test_a_trace_has_the_records_queue_prefill_and_decode_and_the_responses_timings(log: str) -> None:
+    recs, _ = replay_records(log_lines(log))
+    checked = 0
+    for t in truths(log.replace(".log", ".truth.jsonl")):
+        rec = by_timings(recs, t)
+        spans = by_name(spans_of(rec, offset_us=1_000_000))
+        root = spans["text_completion"]
+        assert root.parent_id is None and root.server
+        assert all(s.parent_id == root.span_id and s.trace_id == root.trace_id for s in spans.values() if s is not root)
+        assert abs(secs(spans["prefill"]) - t["prompt_ms"] / 1000) <= 0.0051e-3 + 2 * US
+        assert abs(secs(spans["decode"]) - t["predicted_ms"] / 1000) <= 0.0051e-3 + 2 * US
+        a = root.attributes
+        assert (a["llamacpp.prompt.computed_tokens"], a["llamacpp.prompt.reused_tokens"]) == (
+            t["prompt_n"],
+            t["cache_n"],
+        )
+        assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (
+            t["prompt_n"] + t["cache_n"],
+            t["predicted_n"],
+        )
+        if rec.queue_seconds is not None:
+            assert abs(secs(spans["queue"]) - rec.queue_seconds) <= US
+            assert spans["queue"].end_ns == root.start_ns + round(rec.queue_seconds * 1e6) * 1000
+            assert abs(secs(root) - float(a["gen_ai.latency.e2e"])) <= US  # the end-to-end histogram's value
+        # the children lie within the request, one after the other
+        assert root.start_ns <= spans["prefill"].start_ns <= spans["prefill"].end_ns == spans["decode"].start_ns
+        assert spans["decode"].end_ns <= root.end_ns
+        checked += 1
+    assert checked == len(truths(log.replace(".log", ".truth.jsonl"))) > 0
+    print(f"{log}: {checked} traces equal the responses' timings")
+
+
+def test_the_links_name_exactly_the_prefills_that_overlapped_each_decoding() -> None:
+    """Computed apart from the exporter's timeline: every other request's prefill span (from its
+    own record) that intersects a decode span is linked from it, with the overlap in seconds."""
+    recs, _ = replay_records(log_lines(PILEUPS))
+    traces = {r.key: by_name(spans_of(r, 0)) for r in recs}
+    prefills = {k: (r.slot, s["prefill"]) for r in recs if "prefill" in (s := traces[(k := r.key)])}
+    linked = named = 0
+    for r in recs:
+        decode = traces[r.key].get("decode")
+        if decode is None:
+            continue
+        expected: dict[tuple[int, int], float] = {}
+        for key, (slot, p) in prefills.items():
+            overlap = min(p.end_ns, decode.end_ns) - max(p.start_ns, decode.start_ns)
+            if slot != r.slot and overlap > 0:
+                expected[(trace_id(key), span_id(key, "prefill"))] = overlap / 1e9
+        got = {(link.trace_id, link.span_id): link.attributes["llamacpp.overlap_seconds"] for link in decode.links}
+        assert got.keys() == expected.keys(), r.task
+        for ids, seconds in got.items():
+            assert abs(float(seconds) - expected[ids]) <= 1e-5, r.task
+        linked += len(got)
+        named += bool(got)
+    assert named >= 10, named  # a contention run: most decodings overlapped another's prefill
+    print(f"{PILEUPS}: {linked} links from {named} decodings, each to the prefill that overlapped it")
+
+
+def test_the_same_request_gets_the_same_ids_and_requests_never_share_them() -> None:
+    a, _ = replay_records(log_lines(PILEUPS))
+    b, _ = replay_records(log_lines(PILEUPS))
+    ids = [(s.trace_id, s.span_id) for r in a for s in spans_of(r, 0)]
+    assert ids == [(s.trace_id, s.span_id) for r in b for s in spans_of(r, 7)]  # the offset moves times only
+    assert len(set(ids)) == len(ids) and len({t for t, _ in ids}) == len(a)
+    key = RecordKey("", 1, 2, 3)
+    assert trace_id_hex(key) == f"{trace_id(key):032x}" and len(trace_id_hex(key)) == 32
+
+
+def test_a_record_without_timings_is_a_request_span_alone_and_a_failed_one_an_error() -> None:
+    r = RequestRecord(epoch=0, slot=0, task=5, start_us=100, end_us=900, failed=True)
+    (only,) = spans_of(r, 0)
+    assert only.server and only.error and only.attributes["llamacpp.finish_reason"] == "failed"
+    assert (only.start_ns, only.end_ns) == (100_000, 900_000)
+    assert spans_of(RequestRecord(epoch=0, slot=0, task=5), 0) == []  # no launch time: no trace
+
+
+def test_a_canary_in_every_text_field_a_record_could_carry_reaches_no_span() -> None:
+    """A record holds numbers and fixed words: the spans take nothing else. Fed a record whose
+    every string field holds a canary, only the pseudonym fields (already HMACs) may carry it
+    through, and the span names and event names never."""
+    canary = "quokkacanary"
+    recs, _ = replay_records(log_lines(PILEUPS))
+    text = json.dumps([s.__repr__() for r in recs for s in spans_of(r, 0)])
+    assert canary not in text and "word" not in text.lower()
+    names = {s.name for r in recs for s in spans_of(r, 0)} | {
+        e.name for r in recs for s in spans_of(r, 0) for e in s.events
+    }
+    assert names <= {
+        "text_completion",
+        "embeddings",
+        "queue",
+        "prefill",
+        "decode",
+        "slot selected",
+        "prompt cache restored",
+        "context shift",
+    }
+
+
+# ------------------------------------------------------------ through a real OTLP receiver
+def _check_received(roots: list[ReceivedSpan], spans: list[ReceivedSpan], recs: list[dict[str, Any]]) -> None:
+    by_trace: dict[str, list[ReceivedSpan]] = {}
+    for s in spans:
+        by_trace.setdefault(s.trace_id, []).append(s)
+    assert len({r.trace_id for r in roots}) == len(recs)
+    for rec in recs:
+        key = RecordKey(rec["model"], rec["slot"], rec["task"], rec["start_us"])
+        got = {s.name.split(" ")[0]: s for s in by_trace[trace_id_hex(key)]}
+        if rec["prefill_seconds"] is not None and rec["decode_seconds"] is not None:
+            assert abs(got["prefill"].seconds - rec["prefill_seconds"]) <= 2 * US
+            assert abs(got["decode"].seconds - rec["decode_seconds"]) <= 2 * US
+        if rec["queue_seconds"] is not None:
+            assert abs(got["queue"].seconds - rec["queue_seconds"]) <= 2 * US
+        assert got["text_completion"].attributes["llamacpp.task"] == rec["task"]
+
+
+@pytest.mark.integration
+def test_analyze_sends_one_trace_per_request_at_the_logs_times_and_again_the_same(tmp_path: Path) -> None:
+    tap = OtlpReceiver(tmp_path / "tap").start()
+    try:
+        log = LOGS / PILEUPS
+        out = tmp_path / "records.jsonl"
+        cmd = [sys.executable, "-m", "llamacpp_exporter", "analyze", str(log), "--otlp", tap.url, "--format", "json"]
+        first = subprocess.run([*cmd, "--records", str(out)], capture_output=True, text=True, timeout=120)
+        assert first.returncode == 0, first.stderr
+        recs = [json.loads(x) for x in out.read_text().splitlines()]
+        assert f"traces of {len(recs)} requests sent to {tap.url}/v1/traces" in first.stderr
+        roots = tap.wait_roots(len(recs))
+        spans = tap.spans()
+        _check_received(roots, spans, recs)
+        # at the log's own times: the last request ended at the file's modification time
+        last_end = max(r.end_ns for r in roots)
+        assert abs(last_end / 1e9 - os.path.getmtime(log)) < 0.01
+        # every link leads to a span of the same log
+        ids = {(s.trace_id, s.span_id) for s in spans}
+        links = [(t, s) for sp in spans for t, s, _ in sp.links]
+        assert links and all(link in ids for link in links)
+        # sent again: the same traces, the same spans, nothing new to hold
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        wait_for(lambda: len(tap.spans()) >= 2 * len(spans), "the second send", 30, 0.1)
+        assert {(s.trace_id, s.span_id, s.start_ns, s.end_ns) for s in tap.spans()} == {
+            (s.trace_id, s.span_id, s.start_ns, s.end_ns) for s in spans
+        }
+    finally:
+        tap.stop()
+    print(f"analyze --otlp: {len(recs)} traces, {len(spans)} spans, {len(links)} links; sent twice, the same ids")
+
+
+def _write_slowly(path: Path, lines: list[str], parts: int = 6, pause: float = 0.3) -> None:
+    """The recorded log appended in parts, as a server writes it."""
+    step = len(lines) // parts + 1
+    for i in range(0, len(lines), step):
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines[i : i + step]) + "\n")
+        time.sleep(pause)
+
+
+def _exporter(tmp_path: Path, log: Path, endpoint: str, env: dict[str, str] | None = None) -> ExporterProcess:
+    log.touch()
+    return ExporterProcess(
+        ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
+        + ["--events.path", str(tmp_path / "events.jsonl"), "--traces.otlp-endpoint", endpoint],
+        tmp_path / "exporter",
+        env={**os.environ, **(env or {})},
+    ).start()
+
+
+def _counted(text: str, result: str) -> float:
+    prefix = f'llamacpp_exporter_traces_total{{result="{result}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+@pytest.mark.integration
+def test_the_live_exporter_sends_each_trace_and_its_exemplars_lead_to_it(tmp_path: Path) -> None:
+    tap = OtlpReceiver(tmp_path / "tap").start()
+    log = tmp_path / "llama-server.log"
+    exp = _exporter(tmp_path, log, tap.url)
+    try:
+        exp.wait_following()
+        t0 = time.time()
+        _write_slowly(log, log_lines(PILEUPS))
+        recs = wait_records(tmp_path / "events.jsonl", 34)
+        roots = tap.wait_roots(len(recs))
+        _check_received(roots, tap.spans(), recs)
+        # placed in wall-clock time by when its lines were read: the recorded run's last request
+        # ended when its last lines were written here (the log's earlier times go back from it)
+        assert t0 <= max(r.end_ns for r in roots) / 1e9 <= time.time()
+        om = httpx.get(exp.url + "/metrics", headers={"Accept": "application/openmetrics-text"}).text
+        exemplars = [line for line in om.splitlines() if "_bucket" in line and "trace_id=" in line]
+        trace_ids = {r.trace_id for r in roots}
+        assert exemplars and all(line.split('trace_id="')[1][:32] in trace_ids for line in exemplars)
+        assert _counted(exp.metrics_text(), "sent") == len(recs)
+    finally:
+        exp.stop()
+        tap.stop()
+    print(f"live: {len(recs)} records, {len(roots)} traces, {len(exemplars)} exemplars with a trace id")
+
+
+@pytest.mark.integration
+def test_a_collector_down_then_slow_costs_no_record_and_no_scrape(tmp_path: Path) -> None:
+    lines = log_lines(PILEUPS)
+    # down: nothing listens at the endpoint
+    log = tmp_path / "down" / "llama-server.log"
+    log.parent.mkdir()
+    exp = _exporter(log.parent, log, f"http://127.0.0.1:{free_port()}")
+    scrapes: list[float] = []
+    try:
+        exp.wait_following()
+        _write_slowly(log, lines)
+        recs = wait_records(log.parent / "events.jsonl", 34)
+        for _ in range(5):
+            t = time.monotonic()
+            text = exp.metrics_text()
+            scrapes.append(time.monotonic() - t)
+        wait_for(lambda: _counted(exp.metrics_text(), "failed") == len(recs), "the failed traces counted", 30, 0.2)
+        assert "did not take" in exp.stderr_path.read_text()
+    finally:
+        exp.stop()
+    assert len(recs) == 34 and max(scrapes) < 1.0, scrapes
+    # slow: the collector accepts connections and answers none (stopped); each send waits the
+    # OTLP timeout, on the sender's thread only
+    tap = OtlpReceiver(tmp_path / "tap").start()
+    tap.pause()
+    log = tmp_path / "slow" / "llama-server.log"
+    log.parent.mkdir()
+    exp = _exporter(log.parent, log, tap.url, env={"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "3"})
+    try:
+        exp.wait_following()
+        started = time.monotonic()
+        _write_slowly(log, lines)
+        recs = wait_records(log.parent / "events.jsonl", 34, timeout=20)
+        records_after = time.monotonic() - started
+        while time.monotonic() - started < 4:  # scrapes while a send hangs
+            t = time.monotonic()
+            text = exp.metrics_text()
+            scrapes.append(time.monotonic() - t)
+            time.sleep(0.2)
+        assert "llamacpp_requests_total" in text
+        wait_for(lambda: _counted(exp.metrics_text(), "failed") > 0, "the timed-out send counted", 30, 0.2)
+        tap.resume()
+        _write_slowly(log, lines[-400:], parts=1)  # more lines: the sender goes on once answered
+    finally:
+        exp.stop()
+        tap.stop()
+    assert len(recs) == 34 and records_after < 10 and max(scrapes) < 1.0, (records_after, max(scrapes))
+    print(f"collector down, then slow: 34 records each time, slowest scrape {max(scrapes) * 1000:.0f} ms")
