@@ -84,6 +84,29 @@ def test_compose_wiring_agrees() -> None:
     assert f"./dashboards:{prov['providers'][0]['options']['path']}:ro" in SERVICES["grafana"]["volumes"]
 
 
+def test_compose_sends_traces_to_tempo_and_grafana_opens_them_from_exemplars() -> None:
+    """The exporter's OTLP endpoint is Tempo's OTLP/HTTP receiver; Grafana's Prometheus data
+    source turns an exemplar's trace_id (the label the exporter puts there: tests/test_traces.py)
+    into a link to the
+    Tempo data source, which reads Tempo's HTTP port; the image has the otlp extra."""
+    exp = SERVICES["exporter"]["command"]
+    tempo_cfg = yaml.safe_load((ROOT / "deploy/tempo/tempo.yaml").read_text())
+    receiver = tempo_cfg["distributor"]["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+    assert _arg(exp, "--traces.otlp-endpoint") == f"http://tempo:{receiver.rsplit(':', 1)[1]}"
+    tempo = SERVICES["tempo"]
+    assert tempo["command"] == ["-config.file=/etc/tempo.yaml"]
+    assert "./deploy/tempo/tempo.yaml:/etc/tempo.yaml:ro" in tempo["volumes"]
+    assert any(v.endswith(":/var/tempo") for v in tempo["volumes"])
+    ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())["datasources"]
+    prom = next(d for d in ds if d["type"] == "prometheus")
+    tempo_ds = next(d for d in ds if d["type"] == "tempo")
+    assert tempo_ds["url"] == f"http://tempo:{tempo_cfg['server']['http_listen_port']}"
+    (dest,) = prom["jsonData"]["exemplarTraceIdDestinations"]
+    assert dest == {"name": "trace_id", "datasourceUid": tempo_ds["uid"]}
+    assert SERVICES["grafana"]["depends_on"]["tempo"]["condition"] == "service_healthy"
+    assert '"$1[otlp]"' in (ROOT / "Dockerfile").read_text()
+
+
 def test_rules_selector_matches_the_scrape_job() -> None:
     sel = yaml.safe_load((ROOT / "mixin/thresholds.yaml").read_text())["selector"]
     prom = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
