@@ -1,6 +1,7 @@
 """Privacy against a real llama-server at -lv 3, -lv 4 and -lv 5: a canary in the prompts, in
 the completions (forced by a grammar) and in the conversation ids never reaches /metrics, the
-events file, /api/v1/conversations, `top`, or the exporter's own log (at debug level)."""
+events file, /api/v1/conversations, `top`, the traces sent over OTLP, or the exporter's own log
+(at debug level)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from otlp_receiver import OtlpReceiver
 from realserver import ExporterProcess, LlamaServer, llama_server_binary, model_files, wait_for
 
 pytestmark = pytest.mark.real_server
@@ -23,9 +25,10 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path: Path, verbosit
         llama_server_binary(), *model_files(), tmp_path / "server", n_parallel=1, ctx=2048, verbosity=verbosity
     ).start()
     events = tmp_path / "events.jsonl"
+    tap = OtlpReceiver(tmp_path / "tap").start()  # each request's trace, sent over OTLP
     exp = ExporterProcess(
         ["--llama.url", server.url, "--llama.log-path", str(server.log_path), "--events.path", str(events),
-         "--log.level", "debug"],
+         "--log.level", "debug", "--traces.otlp-endpoint", tap.url],
         tmp_path / "exp",
     ).start()  # fmt: skip
     try:
@@ -68,9 +71,12 @@ def test_no_canary_leaves_the_exporter_at_any_verbosity(tmp_path: Path, verbosit
                 timeout=30,
             ).stdout,  # fmt: skip
         }
+        tap.wait_roots(2)
     finally:
         exp.stop()
         server.stop()
+        tap.stop()
+    outputs["traces"] = tap.text()
     outputs["events"] = events.read_text()
     outputs["exporter log"] = exp.stderr_path.read_text()
     for fmt in ("text", "markdown", "json", "csv"):
