@@ -423,3 +423,34 @@ def test_bad_bucket_bounds_are_configuration_errors_naming_the_key(tmp_path: Pat
             validate(cfg)
         mistakes = list(e.value.messages)
     assert any(m.startswith("metrics.latency_buckets:") and message in m for m in mistakes), mistakes
+
+
+def test_the_traces_endpoint_is_checked_as_a_url_and_needs_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llamacpp_exporter.export import otlp
+
+    args = build_parser().parse_args(["--traces.otlp-endpoint", "tempo:4318"])
+    with pytest.raises(ConfigError, match=r"traces\.otlp_endpoint: must start with http:// or https://"):
+        config_from_args(args)
+    args = build_parser().parse_args(["--traces.otlp-endpoint", "http://tempo:4318", "--traces.max-queued", "5"])
+    cfg = config_from_args(args)
+    assert cfg.traces.otlp_endpoint == "http://tempo:4318" and cfg.traces.max_queued == 5
+    assert otlp.traces_url(cfg.traces.otlp_endpoint) == "http://tempo:4318/v1/traces"
+    assert otlp.traces_url("http://c:4318/v1/traces/") == "http://c:4318/v1/traces"
+    monkeypatch.setattr(otlp, "available", lambda: False)  # an install without the otlp extra
+    with pytest.raises(ConfigError, match=r"traces\.otlp_endpoint: .*pip install 'llamacpp-exporter\[otlp\]'"):
+        config_from_args(args)
+
+
+def test_the_standard_variables_turn_traces_on_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llamacpp_exporter.export import otlp
+
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_SDK_DISABLED"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    assert otlp.endpoint_from_environment() is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    assert otlp.endpoint_from_environment() == "http://collector:4318/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://tempo:4318/v1/traces")
+    assert otlp.endpoint_from_environment() == "http://tempo:4318/v1/traces"
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    assert otlp.endpoint_from_environment() is None

@@ -97,9 +97,10 @@ def test_compose_sends_traces_to_tempo_and_grafana_opens_them_from_exemplars() -
     assert tempo["command"] == ["-config.file=/etc/tempo.yaml"]
     assert "./deploy/tempo/tempo.yaml:/etc/tempo.yaml:ro" in tempo["volumes"]
     assert any(v.endswith(":/var/tempo") for v in tempo["volumes"])
-    ds = yaml.safe_load((ROOT / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())["datasources"]
-    prom = next(d for d in ds if d["type"] == "prometheus")
-    tempo_ds = next(d for d in ds if d["type"] == "tempo")
+    provisioned = ROOT / "deploy/grafana/provisioning/datasources"
+    (prom,) = yaml.safe_load((provisioned / "prometheus.yaml").read_text())["datasources"]
+    (tempo_ds,) = yaml.safe_load((provisioned / "tempo.yaml").read_text())["datasources"]
+    assert tempo_ds["type"] == "tempo" and tempo_ds["access"] == "proxy"
     assert tempo_ds["url"] == f"http://tempo:{tempo_cfg['server']['http_listen_port']}"
     (dest,) = prom["jsonData"]["exemplarTraceIdDestinations"]
     assert dest == {"name": "trace_id", "datasourceUid": tempo_ds["uid"]}

@@ -173,12 +173,14 @@ def _readme_metric_rows() -> list[tuple[list[str], str]]:
 def test_the_readme_metrics_table_is_what_the_exporter_exports(tmp_path: Path) -> None:
     from support import exported_families
 
+    from llamacpp_exporter.export.otlp import TraceCounts
     from llamacpp_exporter.export.web_config import WebConfigFile
 
     families = exported_families()
     web = CollectorRegistry()  # the families only an exporter with --web.config.file has
     (tmp_path / "web.yml").write_text("{}\n")
     WebConfigFile(str(tmp_path / "web.yml"), web)
+    web.register(TraceCounts(lambda: 0))  # and those of an exporter sending traces
     families |= {f.name + ("_total" if f.type == "counter" else ""): f.type for f in web.collect()}
     listed, wrong = set(), []
     for names, kind in _readme_metric_rows():
