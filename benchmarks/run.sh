@@ -26,4 +26,5 @@ echo "== analyze's memory over ten million lines and over a rotated set"; .venv/
 echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throughput.py
 echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py
 echo "== what the conversation join names on every recorded run"; .venv/bin/python benchmarks/join_coverage.py
+echo "== sending each request's trace: the hot path with traces off and on"; .venv/bin/python benchmarks/tracing_cost.py
 echo "== a compressed day: restarts, kills, rotation, a LoRA scale change (20 minutes)"; .venv/bin/python benchmarks/compressed_day.py
