@@ -10,7 +10,7 @@ RUN pip wheel --no-cache-dir --no-deps -w /wheels .
 FROM python:3.12-slim-bookworm
 COPY --from=build /wheels /wheels
 # with the otlp extra: --traces.otlp-endpoint sends each request's trace
-RUN set -- /wheels/*.whl && pip install --no-cache-dir "$1[otlp]" && rm -rf /wheels \
+RUN pip install --no-cache-dir "$(echo /wheels/*.whl)[otlp]" && rm -rf /wheels \
     && mkdir -p /data && chown 65534:65534 /data   # a new named volume on /data takes this owner
 WORKDIR /
 USER 65534:65534

@@ -107,6 +107,11 @@ def _pip_install(
     return Install(py, work / "install.log", time.monotonic() - t0)
 
 
+def _with_extras(wheel: str, arg: str) -> str:
+    extras = re.search(r"\[\w+\]$", arg)
+    return wheel + (extras.group(0) if extras else "")
+
+
 def _docker(work: Path) -> dict[str, Any]:
     """The Dockerfile's build stage (a compiler at hand) and its runtime stage (none). The build
     stage's wheel is the one tests/test_compiled.py checks (cached by what it is built from)."""
@@ -115,8 +120,9 @@ def _docker(work: Path) -> dict[str, Any]:
     (wheel,) = installed_package(compiler=True).glob("*.whl")
     build_seconds = time.monotonic() - t0
     py = fresh_venv(work / "runtime")
-    install = [a for a in dockerfile()["install"] if a != "/wheels/*.whl"]
-    _run([py, "-m", *install, wheel], work / "runtime.log", env=without_compiler(py))
+    # the wheel with the extras the image installs it with ("$(echo /wheels/*.whl)[otlp]")
+    install = [_with_extras(str(wheel), a) if "/wheels/" in a else a for a in dockerfile()["install"]]
+    _run([py, "-m", *install], work / "runtime.log", env=without_compiler(py))
     return {"wheel": wheel, "python": py, "build_seconds": build_seconds, "work": work}
 
 
@@ -314,6 +320,11 @@ def test_the_image_builds_and_runs_as_nobody_with_only_its_data_writable(install
     run = d["work"] / "run"
     stderr, _ = _replays_a_recorded_log(exporter, run, user=NOBODY, env=without_compiler(d["python"]))
     assert "log reading compiled" in stderr
+    # with the otlp extra: traces can be sent (the configuration check finds the SDK)
+    check = subprocess.run(
+        [exporter, "--config.check", "--traces.otlp-endpoint", "http://127.0.0.1:4318"], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stderr
     print(f"Dockerfile build stage (compiled, or cached by its source): {d['build_seconds']:.0f} s")
 
 
