@@ -295,3 +295,32 @@ def test_a_collector_down_then_slow_costs_no_record_and_no_scrape(tmp_path: Path
         tap.stop()
     assert len(recs) == 34 and records_after < 10 and max(scrapes) < 1.0, (records_after, max(scrapes))
     print(f"collector down, then slow: 34 records each time, slowest scrape {max(scrapes) * 1000:.0f} ms")
+
+
+@pytest.mark.integration
+def test_an_exporter_restarted_mid_log_sends_each_trace_once(tmp_path: Path) -> None:
+    """Stopped half-way through the log and started again (its read position kept next to the
+    events file): the requests in flight at the stop go out after the restart, each request's
+    trace once, with the same ids a replay gives."""
+    lines = log_lines(PILEUPS)
+    tap = OtlpReceiver(tmp_path / "tap").start()
+    log = tmp_path / "llama-server.log"
+    try:
+        first = _exporter(tmp_path, log, tap.url)
+        first.wait_following()
+        _write_slowly(log, lines[: len(lines) // 2], parts=3)
+        n_first = len(wait_records(tmp_path / "events.jsonl", 10))
+        first.stop()
+        second = _exporter(tmp_path, log, tap.url)
+        _write_slowly(log, lines[len(lines) // 2 :], parts=3)  # the server writes on
+        recs = wait_records(tmp_path / "events.jsonl", 34)
+        roots = tap.wait_roots(34)
+        time.sleep(1.5)  # a second send would come within the sender's interval
+        roots = tap.roots()
+        second.stop()
+    finally:
+        tap.stop()
+    replayed, _ = replay_records(lines)
+    assert len(recs) == 34 and len(roots) == 34, (len(recs), len(roots))
+    assert {r.trace_id for r in roots} == {trace_id_hex(r.key) for r in replayed}
+    print(f"restart after {n_first} records: 34 records, 34 traces, each once")
