@@ -74,6 +74,21 @@ def avoidable_prefill_seconds(rec: RequestRecord) -> float:
     return rec.prefill_seconds * min(1.0, rec.evicted_entry_tokens / rec.prompt_tokens)
 
 
+def time_to_first_token(rec: RequestRecord) -> float | None:
+    """From the request's arrival to its first token: its queue and its prefill. None where the
+    log does not pin the arrival."""
+    if rec.queue_seconds is None or rec.prefill_seconds is None:
+        return None
+    return rec.queue_seconds + rec.prefill_seconds
+
+
+def end_to_end_seconds(rec: RequestRecord) -> float | None:
+    """From the request's arrival to its release. None where the log does not pin the arrival."""
+    if rec.queue_seconds is None or rec.start_us is None or rec.end_us is None:
+        return None
+    return rec.queue_seconds + (rec.end_us - rec.start_us) / 1e6
+
+
 def finish_reason(rec: RequestRecord) -> FinishReason:
     if rec.generated_tokens is None and rec.kind == "completion":
         return "failed" if rec.failed else "cancelled" if rec.cancelled else "unknown"

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 from ..config import MetricsConfig
-from ..records import CONTENTION, RequestRecord, ended_unanswered
+from ..records import CONTENTION, RequestRecord, end_to_end_seconds, ended_unanswered, time_to_first_token
 from .concern import (
     PATH_LORA,
     PATH_LORA_VALUES,
@@ -118,13 +118,13 @@ class LatencyMetrics:
 
     def _latency(self, rec: RequestRecord, exemplar: dict[str, str]) -> None:
         key = (rec.model,)
-        q = rec.queue_seconds
-        if q is None or rec.prefill_seconds is None or rec.start_us is None or rec.end_us is None:
+        q, ttft, e2e = rec.queue_seconds, time_to_first_token(rec), end_to_end_seconds(rec)
+        if q is None or ttft is None or e2e is None:
             self.latency_unknown.add(key)
             return
         self.queue.observe(key, q, exemplar)
-        self.ttft.observe(key, q + rec.prefill_seconds, exemplar)
-        self.e2e.observe(key, q + (rec.end_us - rec.start_us) / 1e6, exemplar)
+        self.ttft.observe(key, ttft, exemplar)
+        self.e2e.observe(key, e2e, exemplar)
 
 
 class LatencyReport(ConcernReport):

@@ -21,7 +21,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Final
 
-from ..records import RecordKey, RequestRecord, finish_reason
+from ..records import RecordKey, RequestRecord, end_to_end_seconds, finish_reason, time_to_first_token
 
 AttributeValue = str | int | float | bool
 Attributes = dict[str, AttributeValue]
@@ -117,6 +117,30 @@ def _put(attrs: Attributes, name: str, value: AttributeValue | None) -> None:
         attrs[name] = value
 
 
+# the server span's attributes taken as the record has them, where it has them (None: left out)
+_FROM_RECORD: Final = (
+    ("gen_ai.usage.input_tokens", "prompt_tokens"),
+    ("gen_ai.usage.output_tokens", "generated_tokens"),
+    ("gen_ai.latency.time_in_queue", "queue_seconds"),
+    ("gen_ai.latency.time_in_model_prefill", "prefill_seconds"),
+    ("gen_ai.latency.time_in_model_decode", "decode_seconds"),
+    ("llamacpp.lora.config", "lora_config"),
+    ("llamacpp.prompt.tokens", "prompt_tokens"),
+    ("llamacpp.prompt.reused_tokens", "reused_tokens"),
+    ("llamacpp.prompt.computed_tokens", "prefill_tokens"),
+    ("llamacpp.prompt.wasted_tokens", "wasted_prompt_tokens"),
+    ("llamacpp.cache.outcome", "outcome"),
+    ("llamacpp.cache.miss_cause", "miss_cause"),
+    ("llamacpp.cache.restore_result", "restore_result"),
+    ("llamacpp.conversation", "conversation"),
+    ("llamacpp.conversation.source", "conversation_source"),
+    ("llamacpp.time_per_output_token", "time_per_output_token_seconds"),
+    ("llamacpp.contention", "contention"),
+    ("llamacpp.slowed_by_conversation", "slowed_by_conversation"),
+    ("llamacpp.draft.acceptance", "draft_acceptance"),
+)
+
+
 def request_attributes(rec: RequestRecord) -> Attributes:
     """The server span's attributes: the GenAI conventions' names where they have one (those
     vLLM and SGLang set on theirs), the exporter's own under llamacpp.* (as its metrics name them)."""
@@ -135,31 +159,12 @@ def request_attributes(rec: RequestRecord) -> Attributes:
         a["gen_ai.request.model"] = rec.model
     if rec.choices > 1:
         a["gen_ai.request.choice.count"] = rec.choices
-    _put(a, "gen_ai.usage.input_tokens", rec.prompt_tokens)
-    _put(a, "gen_ai.usage.output_tokens", rec.generated_tokens)
-    _put(a, "gen_ai.latency.time_in_queue", rec.queue_seconds)
-    _put(a, "gen_ai.latency.time_in_model_prefill", rec.prefill_seconds)
-    _put(a, "gen_ai.latency.time_in_model_decode", rec.decode_seconds)
-    if rec.queue_seconds is not None and rec.prefill_seconds is not None:
-        a["gen_ai.latency.time_to_first_token"] = rec.queue_seconds + rec.prefill_seconds
-        if rec.start_us is not None and rec.end_us is not None:
-            a["gen_ai.latency.e2e"] = rec.queue_seconds + (rec.end_us - rec.start_us) / 1e6
-    _put(a, "llamacpp.lora.config", rec.lora_config)
-    _put(a, "llamacpp.prompt.tokens", rec.prompt_tokens)
-    _put(a, "llamacpp.prompt.reused_tokens", rec.reused_tokens)
-    _put(a, "llamacpp.prompt.computed_tokens", rec.prefill_tokens)
-    _put(a, "llamacpp.prompt.wasted_tokens", rec.wasted_prompt_tokens)
-    _put(a, "llamacpp.cache.outcome", rec.outcome)
-    _put(a, "llamacpp.cache.miss_cause", rec.miss_cause)
-    _put(a, "llamacpp.cache.restore_result", rec.restore_result)
-    _put(a, "llamacpp.conversation", rec.conversation)
-    _put(a, "llamacpp.conversation.source", rec.conversation_source)
-    _put(a, "llamacpp.time_per_output_token", rec.time_per_output_token_seconds)
-    _put(a, "llamacpp.contention", rec.contention)
+    for name, field in _FROM_RECORD:
+        _put(a, name, getattr(rec, field))
+    _put(a, "gen_ai.latency.time_to_first_token", time_to_first_token(rec))
+    _put(a, "gen_ai.latency.e2e", end_to_end_seconds(rec))
     if rec.overlap_seconds:
         a["llamacpp.overlap_seconds"] = rec.overlap_seconds
-    _put(a, "llamacpp.slowed_by_conversation", rec.slowed_by_conversation)
-    _put(a, "llamacpp.draft.acceptance", rec.draft_acceptance)
     return a
 
 
