@@ -40,6 +40,7 @@ def test_a_real_servers_requests_arrive_as_traces_equal_to_the_responses(
     for s in spans:
         by_trace.setdefault(s.trace_id, {})[s.name.split(" ")[0]] = s
     matched = set()
+    queued = 0
     for t in truths:
         (trace,) = [
             tr
@@ -48,6 +49,11 @@ def test_a_real_servers_requests_arrive_as_traces_equal_to_the_responses(
             and abs(tr["decode"].seconds * 1000 - t.predicted_ms) <= 0.0051 + 0.002
         ]
         a = trace["text_completion"].attributes
+        # ... and the record's queue, where the log pins the arrival
+        (rec,) = [r for r in recs if r["task"] == a["llamacpp.task"] and r["slot"] == a["llamacpp.slot"]]
+        if rec["queue_seconds"] is not None:
+            assert abs(trace["queue"].seconds - rec["queue_seconds"]) <= 2e-6
+            queued += 1
         assert (a["llamacpp.prompt.computed_tokens"], a["llamacpp.prompt.reused_tokens"]) == (t.prompt_n, t.cache_n)
         assert a["gen_ai.usage.output_tokens"] == t.predicted_n
         assert a["gen_ai.usage.input_tokens"] == t.prompt_n + t.cache_n
@@ -65,4 +71,7 @@ def test_a_real_servers_requests_arrive_as_traces_equal_to_the_responses(
     assert CANARY not in tap.text()
     assert exp is not None and CANARY not in exp.stderr_path.read_text()
     links = sum(len(s.links) for s in spans)
-    print(f"{len(truths)} responses, {len(roots)} traces ({len(spans)} spans, {links} links), {len(ids)} exemplars")
+    print(
+        f"{len(truths)} responses, {len(roots)} traces ({len(spans)} spans, {links} links, {queued} queue spans), "
+        f"{len(ids)} exemplars"
+    )

@@ -160,7 +160,8 @@ class TraceExport:
 
         # endpoint None: the SDK reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, headers, timeout...
         self._exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_seconds)
-        self.endpoint = self._exporter._endpoint  # what the SDK resolved, for the operator's log
+        # what the SDK resolved from the variables, for the operator's log
+        self.endpoint = str(getattr(self._exporter, "_endpoint", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"))
         self._resource = _resource(service_name)
         self._scope = InstrumentationScope("llamacpp_exporter", __version__)
         self.offsets = offsets
