@@ -119,6 +119,20 @@ def test_embeddings_are_their_own_spans_and_n_gt_1_is_one_request() -> None:
     assert sum(s.server for s in spans) == 1 and spans[0].attributes["gen_ai.request.choice.count"] == several.choices
 
 
+def test_the_service_is_llama_server_unless_the_standard_variables_name_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llamacpp_exporter.export.otlp import _resource
+
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    assert _resource(None).attributes["service.name"] == "llama-server"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes,deployment.environment=prod")
+    assert _resource(None).attributes["service.name"] == "from-attributes"
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "llama-eu-1")
+    resource = _resource(None)
+    assert resource.attributes["service.name"] == "llama-eu-1"
+    assert resource.attributes["deployment.environment"] == "prod"
+
+
 def test_a_record_without_timings_is_a_request_span_alone_and_a_failed_one_an_error() -> None:
     r = RequestRecord(epoch=0, slot=0, task=5, start_us=100, end_us=900, failed=True)
     (only,) = spans_of(r, 0)
@@ -206,11 +220,13 @@ def _write_slowly(path: Path, lines: list[str], parts: int = 6, pause: float = 0
         time.sleep(pause)
 
 
-def _exporter(tmp_path: Path, log: Path, endpoint: str, env: dict[str, str] | None = None) -> ExporterProcess:
+def _exporter(tmp_path: Path, log: Path, endpoint: str | None, env: dict[str, str] | None = None) -> ExporterProcess:
+    """endpoint None: the standard variables in env say where traces go."""
     log.touch()
     return ExporterProcess(
         ["--llama.url", f"http://127.0.0.1:{free_port()}", "--llama.log-path", str(log)]
-        + ["--events.path", str(tmp_path / "events.jsonl"), "--traces.otlp-endpoint", endpoint],
+        + ["--events.path", str(tmp_path / "events.jsonl")]
+        + (["--traces.otlp-endpoint", endpoint] if endpoint else []),
         tmp_path / "exporter",
         env={**os.environ, **(env or {})},
     ).start()
@@ -301,17 +317,19 @@ def test_a_collector_down_then_slow_costs_no_record_and_no_scrape(tmp_path: Path
 def test_an_exporter_restarted_mid_log_sends_each_trace_once(tmp_path: Path) -> None:
     """Stopped half-way through the log and started again (its read position kept next to the
     events file): the requests in flight at the stop go out after the restart, each request's
-    trace once, with the same ids a replay gives."""
+    trace once, with the same ids a replay gives. Traces asked for by the standard variable
+    alone (OTEL_EXPORTER_OTLP_ENDPOINT), no flag."""
     lines = log_lines(PILEUPS)
     tap = OtlpReceiver(tmp_path / "tap").start()
     log = tmp_path / "llama-server.log"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": tap.url}
     try:
-        first = _exporter(tmp_path, log, tap.url)
+        first = _exporter(tmp_path, log, None, env)
         first.wait_following()
         _write_slowly(log, lines[: len(lines) // 2], parts=3)
         n_first = len(wait_records(tmp_path / "events.jsonl", 10))
         first.stop()
-        second = _exporter(tmp_path, log, tap.url)
+        second = _exporter(tmp_path, log, None, env)
         _write_slowly(log, lines[len(lines) // 2 :], parts=3)  # the server writes on
         recs = wait_records(tmp_path / "events.jsonl", 34)
         roots = tap.wait_roots(34)
@@ -320,6 +338,7 @@ def test_an_exporter_restarted_mid_log_sends_each_trace_once(tmp_path: Path) -> 
         second.stop()
     finally:
         tap.stop()
+    assert f"sending each request's trace over OTLP/HTTP to {tap.url}/v1/traces" in first.stderr_path.read_text()
     replayed, _ = replay_records(lines)
     assert len(recs) == 34 and len(roots) == 34, (len(recs), len(roots))
     assert {r.trace_id for r in roots} == {trace_id_hex(r.key) for r in replayed}
