@@ -211,6 +211,28 @@ def test_analyze_sends_one_trace_per_request_at_the_logs_times_and_again_the_sam
     print(f"analyze --otlp: {len(recs)} traces, {len(spans)} spans, {len(links)} links; sent twice, the same ids")
 
 
+@pytest.mark.integration
+def test_analyze_says_when_the_collector_did_not_take_the_traces_and_still_reports(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", "analyze", str(LOGS / PILEUPS), "--otlp", url, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2"},
+    )
+    assert done.returncode == 1
+    assert f"the OTLP collector at {url}/v1/traces did not take the traces of 34 requests" in done.stderr
+    assert json.loads(done.stdout)["requests"]["total"] == 34  # the report is there all the same
+    bad = subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", "analyze", str(LOGS / PILEUPS), "--otlp", "tempo:4318"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--otlp: give an http:// or https:// URL" in bad.stderr
+
+
 def _write_slowly(path: Path, lines: list[str], parts: int = 6, pause: float = 0.3) -> None:
     """The recorded log appended in parts, as a server writes it."""
     step = len(lines) // parts + 1

@@ -677,8 +677,8 @@ def _outputs(
             note += f"; {w.samples_out_of_order} samples dropped where runs' times overlapped"
         print(note, file=sys.stderr)
 
-    if args.otlp and _send_traces(args, result) != 0:
-        return 1
+    # a collector that did not take the traces fails the command, after the report
+    status = _send_traces(args, result) if args.otlp else 0
 
     def build(result: Analysis, since: float | None, until: float | None) -> Report:
         return streamed_report(result, opts, settings, since, until)
@@ -704,7 +704,7 @@ def _outputs(
             "csv": lambda: report.to_csv(a, names[0]) + report.to_csv(b, names[1], header=False),
         }[opts.format]()
         sys.stdout.write(out)
-        return 0
+        return status
     rep = build(result, args.since, args.until)
     if args.plot:
         window = [
@@ -726,7 +726,7 @@ def _outputs(
         "csv": lambda: report.to_csv(rep),
     }[opts.format]()
     sys.stdout.write(out)
-    return 0
+    return status
 
 
 def _send_traces(args: argparse.Namespace, result: Analysis) -> int:
