@@ -312,6 +312,7 @@ CANARY = "CanaryPassw0rd"
         ["flags", "--llama.timeout", "http://u:{pw}@h"],  # argparse's own error
         ["flags", "--web.listen-address", "u:{pw}@h:x"],
         ["flags", "--web.telemetry-path", "/u:{pw}@h?"],
+        ["flags", "--traces.otlp-endpoint", "u:{pw}@tempo:4318"],  # no scheme: the value is shown
         ["web", "basic_auth_users:\n  prometheus: {pw}\n"],  # a password where a hash belongs
     ],
     ids=lambda how: f"{how[0]}-{'-'.join(how[1:])[:40]}",

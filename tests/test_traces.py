@@ -124,11 +124,11 @@ def test_the_service_is_llama_server_unless_the_standard_variables_name_it(monke
 
     monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
-    assert _resource(None).attributes["service.name"] == "llama-server"
+    assert _resource().attributes["service.name"] == "llama-server"
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes,deployment.environment=prod")
-    assert _resource(None).attributes["service.name"] == "from-attributes"
+    assert _resource().attributes["service.name"] == "from-attributes"
     monkeypatch.setenv("OTEL_SERVICE_NAME", "llama-eu-1")
-    resource = _resource(None)
+    resource = _resource()
     assert resource.attributes["service.name"] == "llama-eu-1"
     assert resource.attributes["deployment.environment"] == "prod"
 
@@ -231,6 +231,16 @@ def test_analyze_says_when_the_collector_did_not_take_the_traces_and_still_repor
         timeout=60,
     )
     assert bad.returncode == 2 and "--otlp: give an http:// or https:// URL" in bad.stderr
+    # a password in the collector's URL is never printed
+    secret = f"http://user:Sekr1tPw@127.0.0.1:{free_port()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "llamacpp_exporter", "analyze", str(LOGS / PILEUPS), "--otlp", secret],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "2"},
+    )
+    assert done.returncode == 1 and "user:xxxxx@" in done.stderr and "Sekr1tPw" not in done.stderr + done.stdout
 
 
 def _write_slowly(path: Path, lines: list[str], parts: int = 6, pause: float = 0.3) -> None:

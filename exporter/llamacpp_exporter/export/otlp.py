@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .. import __version__
+from ..config import redact
 from ..records import RequestRecord
 from .traces import RunOffsets, Span, spans_of
 
@@ -77,10 +78,10 @@ def endpoint_from_environment() -> str | None:
     return traces_url(base) if base else None
 
 
-def _resource(service_name: str | None) -> Any:
+def _resource() -> Any:
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 
-    resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
+    resource = Resource.create()
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         # neither OTEL_SERVICE_NAME nor OTEL_RESOURCE_ATTRIBUTES names it
         resource = resource.merge(Resource({SERVICE_NAME: DEFAULT_SERVICE_NAME}))
@@ -152,17 +153,18 @@ class TraceExport:
         max_queued: int,
         offsets: RunOffsets,
         registry: CollectorRegistry | None = None,
-        timeout_seconds: float | None = None,
-        service_name: str | None = None,
     ) -> None:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         # endpoint None: the SDK reads OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, headers, timeout...
-        self._exporter = OTLPSpanExporter(endpoint=endpoint, timeout=timeout_seconds)
-        # what the SDK resolved from the variables, for the operator's log
-        self.endpoint = str(getattr(self._exporter, "_endpoint", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"))
-        self._resource = _resource(service_name)
+        self._exporter = OTLPSpanExporter(endpoint=endpoint)
+        # what the SDK resolved from the variables, for the operator's messages (a password in it
+        # never shown, whichever log prints them: the exporter's, analyze's)
+        self.endpoint = redact(
+            str(getattr(self._exporter, "_endpoint", endpoint or "the OTEL_EXPORTER_OTLP_* endpoint"))
+        )
+        self._resource = _resource()
         self._scope = InstrumentationScope("llamacpp_exporter", __version__)
         self.offsets = offsets
         self.max_queued = max_queued
@@ -274,13 +276,11 @@ class TraceExport:
         self._exporter.shutdown()  # type: ignore[no-untyped-call]
 
 
-def send_history(
-    records: Iterable[tuple[RequestRecord, int | None]], endpoint: str, service_name: str | None = None
-) -> dict[str, int]:
+def send_history(records: Iterable[tuple[RequestRecord, int | None]], endpoint: str) -> dict[str, int]:
     """The traces of records read from logs on disk (analyze --otlp), each with its run's offset
     (None: its run cannot be dated), in batches, each batch once: counts by result and spans sent."""
     quiet_sdk_logs()
-    sender = TraceExport(endpoint, 1, RunOffsets(), service_name=service_name)
+    sender = TraceExport(endpoint, 1, RunOffsets())
     batch: list[tuple[RequestRecord, int]] = []
     for rec, offset in records:
         if offset is None:

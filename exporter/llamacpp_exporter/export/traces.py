@@ -52,9 +52,6 @@ class RunOffsets:
                 del self._offsets[next(iter(self._offsets))]
             self._offsets[key] = offset
 
-    def set(self, model: str, epoch: int, offset_us: int) -> None:
-        self._offsets[(model, epoch)] = offset_us
-
     def offset(self, model: str, epoch: int) -> int | None:
         return self._offsets.get((model, epoch))
 

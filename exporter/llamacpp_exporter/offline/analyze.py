@@ -38,6 +38,7 @@ from ..config import (
     check,
     flag_values,
     read_salt,
+    redact,
     setting,
 )
 from ..export import otlp
@@ -580,7 +581,7 @@ def main(argv: list[str]) -> int:
             return 2
         if not args.otlp.startswith(("http://", "https://")):
             print(
-                f"llamacpp-exporter analyze: --otlp: give an http:// or https:// URL, got {args.otlp!r}",
+                f"llamacpp-exporter analyze: --otlp: give an http:// or https:// URL, got {redact(args.otlp)!r}",
                 file=sys.stderr,
             )
             return 2
@@ -744,6 +745,7 @@ def _send_traces(args: argparse.Namespace, result: Analysis) -> int:
 
     url = otlp.traces_url(args.otlp)
     counts = otlp.send_history(dated_offsets(), url)
+    url = redact(url)  # as the exporter's log: a password in the URL is never printed
     note = f"analyze: traces of {counts['sent']} requests sent to {url} ({counts['spans']} spans)"
     if counts["undated"]:
         note += (
