@@ -199,6 +199,9 @@ def test_analyze_sends_one_trace_per_request_at_the_logs_times_and_again_the_sam
         ids = {(s.trace_id, s.span_id) for s in spans}
         links = [(t, s) for sp in spans for t, s, _ in sp.links]
         assert links and all(link in ids for link in links)
+        # a time window: only the requests started in it (here none: the log is from after 2000)
+        none = subprocess.run([*cmd, "--until", "2000-01-01"], capture_output=True, text=True, timeout=120)
+        assert none.returncode == 0 and "traces of 0 requests sent" in none.stderr, none.stderr
         # sent again: the same traces, the same spans, nothing new to hold
         again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr

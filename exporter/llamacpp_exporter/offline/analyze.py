@@ -734,17 +734,9 @@ def _send_traces(args: argparse.Namespace, result: Analysis) -> int:
     """analyze --otlp: the traces of the records started in the window, at the log's times. A
     router's children keep their own log time, which the files' times do not date: not sent."""
     offsets = run_offsets_us(result.file_ends)
-
-    def dated_offsets() -> Iterator[tuple[RequestRecord, int | None]]:
-        for t, r in dated(result):
-            if (args.since is not None and (t is None or t < args.since)) or (
-                args.until is not None and (t is None or t >= args.until)
-            ):
-                continue
-            yield r, offsets.get(r.epoch) if not r.model else None
-
+    kept, _ = within(dated(result), args.since, args.until)  # the window's, as the report's
     url = otlp.traces_url(args.otlp)
-    counts = otlp.send_history(dated_offsets(), url)
+    counts = otlp.send_history(((r, offsets.get(r.epoch) if not r.model else None) for r in kept), url)
     url = redact(url)  # as the exporter's log: a password in the URL is never printed
     note = f"analyze: traces of {counts['sent']} requests sent to {url} ({counts['spans']} spans)"
     if counts["undated"]:
