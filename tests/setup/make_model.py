@@ -26,10 +26,10 @@ def make_model(outdir: Path) -> Path:
     return path
 
 
-def make_lora(model: Path, outdir: Path, rank: int = 8, seed: int = 1) -> Path:
+def make_lora(model: Path, outdir: Path, rank: int = 8, seed: int = 1, name: str = "lora-a.gguf") -> Path:
     import gguf
 
-    path = outdir / "lora-a.gguf"
+    path = outdir / name
     if path.exists():
         return path
     reader = gguf.GGUFReader(str(model))

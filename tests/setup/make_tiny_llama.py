@@ -6,7 +6,9 @@ Why: Gemma 3 (the test model) uses sliding-window attention, for which llama-ser
 shifting off, so no context shift happens on it. This model shifts. Its text is garbage; every
 server path the exporter reads is the same code.
 
-Usage: python make_tiny_llama.py OUTDIR   -> OUTDIR/tiny-llama.gguf (printed)
+Usage: python make_tiny_llama.py OUTDIR [--lora]   -> OUTDIR/tiny-llama.gguf (printed), with --lora
+also a random adapter for it, OUTDIR/tiny-llama-lora.gguf (make_model.make_lora: a real adapter
+llama-server applies per request, as on the test model)
 """
 
 from __future__ import annotations
@@ -115,4 +117,10 @@ def make_tiny_llama(outdir: Path, seed: int = 3) -> Path:
 
 
 if __name__ == "__main__":
-    print(make_tiny_llama(Path(sys.argv[1])))
+    model = make_tiny_llama(Path(sys.argv[1]))
+    print(model)
+    if "--lora" in sys.argv[2:]:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from make_model import make_lora
+
+        print(make_lora(model, Path(sys.argv[1]), name="tiny-llama-lora.gguf"))

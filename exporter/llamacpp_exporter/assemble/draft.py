@@ -61,6 +61,9 @@ class TaskDraft:
     # a replay, whenever /slots lets the record go out
     conversation: tuple[str | None, JoinSource | None] | None = None  # (None, None): outside the join
     conversation_proven: bool = False
+    # what its conversation waits for, as last seen (finish.py): (task, slot, the slot's
+    # timeline version then) of each task not proven yet, the slot -1 for its own task
+    waiting_on: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def outside_join(self) -> bool:

@@ -93,11 +93,19 @@ class Finisher:
         self.snapshot_seq = 0  # /slots snapshots seen (slots_polled)
         self.next_deadline = 1 << 62  # the earliest log time a waiting record stops waiting for the join
         self.model = model
+        # what the last look at the waiting records depended on, and the log time up to which
+        # waiting alone changes none of its verdicts: a line that changes neither (most lines on
+        # a server with many slots: a slot busy, a cache entry listed) does not look again
+        self._looked: tuple[int, ...] | None = None
+        self._still_until = 0
+        self._epochs = 0
 
     def new_epoch(self, prefills: PrefillTimeline, eviction_need: Callable[[Source], EvictionNeed | None]) -> None:
         """A new server process: its prefill timeline and its RAM cache's mirror."""
         self.prefills = prefills
         self.eviction_need = eviction_need
+        self._epochs += 1
+        self._looked = None
 
     def slots_seen(self) -> None:
         """A /slots snapshot came: a record that waits for the poll after its release counts them."""
@@ -105,6 +113,7 @@ class Finisher:
 
     def add(self, d: TaskDraft) -> None:
         d.released_seq = self.snapshot_seq
+        self._looked = None
         self.pending.append(d)
         self.next_deadline = min(self.next_deadline, (d.end_us or 0) + JOIN_WAIT_US)
         if len(self.pending) > MAX_PENDING:
@@ -119,13 +128,28 @@ class Finisher:
 
     def _conversations_known(self, d: TaskDraft) -> bool:
         """Its own conversation, and those of the prefills its decoding overlapped (they are
-        charged the cost), are proven or found uncertain."""
+        charged the cost), are proven or found uncertain.
+
+        A task once proven stays proven, and which prefills overlapped a decoding changes only
+        with their slots' timelines: while one task it waited for is still not proven and its
+        slot unchanged, the record still waits, without a look at every other slot."""
         att = self.attribution
         if d.epoch != att.epoch:
             return True
+        if d.waiting_on:
+            versions = self.prefills.slot_version
+            for task, slot, version in d.waiting_on:
+                if (slot < 0 or versions.get(slot) == version) and att.conversation(d.epoch, task) is None:
+                    return False
+        waiting = []
         if not d.outside_join and att.conversation(d.epoch, d.task) is None:
-            return False
-        return all(att.conversation(att.epoch, o.task) is not None for o in self._overlapping(d))
+            waiting.append((d.task, -1, 0))
+        versions = self.prefills.slot_version
+        for o in self._overlapping(d):
+            if att.conversation(att.epoch, o.task) is None:
+                waiting.append((o.task, o.slot, versions.get(o.slot, 0)))
+        d.waiting_on = tuple(waiting)
+        return not waiting
 
     def _overlap_resolved(self, d: TaskDraft) -> bool:
         if d.decode_start_us is None or d.end_us is None:
@@ -135,18 +159,42 @@ class Finisher:
     def try_finish(self, now: int, at_line: bool = True) -> None:
         """at_line: called for a log line (the conversations are fixed only then, so that a
         record says the same whether /slots let it go out now or a replay did earlier)."""
-        deadline = 1 << 62
+        looked = self._depends_on() if at_line else None
+        if looked is not None and looked == self._looked and now <= self._still_until:
+            return  # nothing a verdict depends on changed since the last look
+        deadline = still_until = 1 << 62
+        max_wait = self.settings.max_wait_us
         for d in list(self.pending):
             waited = now - (d.end_us or now)
             if at_line and d.conversation is None:
                 self._fix_conversation(d, waited > JOIN_WAIT_US)
-            if waited > self.settings.max_wait_us or (
+            if waited > max_wait or (
                 d.conversation is not None and self._lora_resolved(d) and self._overlap_resolved(d)
             ):
                 self._finish(d)
-            elif d.conversation is None:
+                continue
+            if d.conversation is None:
                 deadline = min(deadline, (d.end_us or now) + JOIN_WAIT_US)
+            if d.end_us:  # past these times, waiting alone changes its verdict
+                still_until = min(still_until, d.end_us + (JOIN_WAIT_US if d.conversation is None else max_wait))
         self.next_deadline = deadline
+        # a look that changed what it depends on (a record that went out) is no reference
+        self._looked = looked if looked is not None and looked == self._depends_on() else None
+        self._still_until = still_until
+
+    def _depends_on(self) -> tuple[int, ...]:
+        """What the verdicts on the waiting records depend on, besides the log time: the join's
+        results (a task once proven stays proven), the slots' prefills, the /slots polls."""
+        att = self.attribution
+        return (
+            self._epochs,
+            att.epoch,
+            int(att.lineage_only),
+            att.join.version,
+            self.prefills.version,
+            self.snapshot_seq,
+            len(self.pending),
+        )
 
     def _fix_conversation(self, d: TaskDraft, waited_enough: bool) -> None:
         att = self.attribution

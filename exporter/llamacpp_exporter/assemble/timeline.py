@@ -14,6 +14,7 @@ without it computed nothing. Below -lv 4 a prefill is taken from its launch, an 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -44,12 +45,27 @@ class Prefill:
     begun: bool = True  # False: launched where "new prompt" is logged, and that line not read yet
 
 
+def _start(p: Prefill) -> int:
+    return p.start
+
+
 class PrefillTimeline:
     def __init__(self) -> None:
         self.slots: dict[int, list[Prefill]] = {}
         # per slot, its prefills not yet exact (usually none or the running one): what
         # settled_before looks at, for every waiting record at every task event
         self._inexact: dict[int, list[Prefill]] = {}
+        # changes, per slot and in all: a waiting record looks again only at what changed
+        # since it last looked (finish.py), not at every slot
+        self.version = 0
+        self.slot_version: dict[int, int] = {}
+        # settled_before's answer at self.version: the earliest begun start among the inexact
+        # prefills, and the earliest on another slot than that one
+        self._earliest: tuple[int, int, int, int] | None = None  # version, slot, first, second
+
+    def _touch(self, slot: int) -> None:
+        self.version += 1
+        self.slot_version[slot] = self.version
 
     def _settle(self, slot: int, p: Prefill) -> None:
         pending = self._inexact.get(slot)
@@ -64,6 +80,7 @@ class PrefillTimeline:
 
     def launched(self, slot: int, task: int, at: int, begin_logged: bool) -> None:
         """begin_logged: this server logs each prefill's first batch ("new prompt", -lv 4)."""
+        self._touch(slot)
         pf = self.slots.setdefault(slot, [])
         new = Prefill(at, None, task, at, begun=not begin_logged)
         pf.append(new)
@@ -76,18 +93,21 @@ class PrefillTimeline:
         launched task can wait for another slot's prompt batch."""
         last = self._last(slot, task)
         if last is not None and last.end is None:
+            self._touch(slot)
             last.start = at
             last.begun = True
 
     def ended(self, slot: int, at: int) -> None:
         last = self._last(slot)
         if last is not None and last.end is None:
+            self._touch(slot)
             last.end = at
             last.begun = True  # its first batch line was lost: from the launch, as below -lv 4
 
     def timed(self, slot: int, task: int, start: int, end: int, tokens: int | None = None) -> None:
         """The server's timings fix the last prefill of the slot."""
         if self.slots.get(slot):
+            self._touch(slot)
             self._settle(slot, self.slots[slot][-1])
             last = self.slots[slot][-1]
             launched = last.launched if last.task == task else None
@@ -98,6 +118,7 @@ class PrefillTimeline:
         last = self._last(slot)
         if last is None:
             return False
+        self._touch(slot)
         if last.task == task:
             last.exact = True
             self._settle(slot, last)
@@ -115,7 +136,9 @@ class PrefillTimeline:
         for sid, pf in self.slots.items():
             if sid == slot:
                 continue
-            i = len(pf)
+            # the first that starts at or after `end` (a slot's prefills start in order), and
+            # one not begun before it (only the last can be)
+            i = bisect.bisect_left(pf, end, key=_start)
             while i > 0 and (pf[i - 1].start >= end or not pf[i - 1].begun):
                 i -= 1
             j = i
@@ -149,7 +172,23 @@ class PrefillTimeline:
         """Every other slot's prefill that began before `end` is exact: an overlap computed now
         will not change. `end` is at or before the last line read: a prefill not begun by then
         begins after it."""
-        return all(p.start >= end or not p.begun for sid, pf in self._inexact.items() if sid != slot for p in pf)
+        e = self._earliest
+        if e is None or e[0] != self.version:
+            e = self._earliest = self._find_earliest()
+        _, first_slot, first, second = e
+        return (second if slot == first_slot else first) >= end
+
+    def _find_earliest(self) -> tuple[int, int, int, int]:
+        """The earliest start of a begun inexact prefill, its slot, and the earliest on any
+        other slot: settled_before for every waiting record from one pass over the slots."""
+        never = 1 << 62
+        by_slot = [
+            (min((p.start for p in pf if p.begun), default=never), sid) for sid, pf in self._inexact.items() if pf
+        ]
+        by_slot.sort()
+        first, first_slot = by_slot[0] if by_slot else (never, -1)
+        second = by_slot[1][0] if len(by_slot) > 1 else never
+        return self.version, first_slot, first, second
 
 
 def overlapped_prefills(overlaps: list[Overlap]) -> tuple[tuple[int, int, int, float], ...]:
