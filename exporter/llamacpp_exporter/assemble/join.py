@@ -500,6 +500,36 @@ class _Window:
 MAX_WINDOWS: Final = 32  # closed windows whose ambiguous tasks a later turn may still name
 
 
+class _ClusterBounds:
+    """The clusters of the arrivals proven to be a task's request, by task id: the latest
+    cluster of a smaller id and the earliest of a larger one, for any task in two bisections
+    (a pass over the open tasks reads them for each, and the proven ones grow with the window)."""
+
+    def __init__(self, claimed: dict[int, int], arrivals: list[_Arrival]) -> None:
+        self.claims = sorted(claimed.items())  # (arrival position, task), by position
+        self.positions = [q for q, _ in self.claims]
+        pairs = sorted((task, arrivals[q].cluster) for q, task in claimed.items())
+        self.tasks = [t for t, _ in pairs]
+        self.below = [-1] * (len(pairs) + 1)  # below[i]: the latest cluster of tasks[:i]
+        for i, (_, cluster) in enumerate(pairs):
+            self.below[i + 1] = max(self.below[i], cluster)
+        self.above = [1 << 60] * (len(pairs) + 1)  # above[i]: the earliest cluster of tasks[i:]
+        for i in range(len(pairs) - 1, -1, -1):
+            self.above[i] = min(self.above[i + 1], pairs[i][1])
+
+    def claims_in(self, first: int, end: int) -> tuple[tuple[int, int], ...]:
+        """The claims on the arrivals at positions first..end."""
+        return tuple(
+            self.claims[bisect.bisect_left(self.positions, first) : bisect.bisect_right(self.positions, end)]
+        )
+
+    def around(self, task: int) -> tuple[int, int]:
+        return (
+            self.below[bisect.bisect_left(self.tasks, task)],
+            self.above[bisect.bisect_right(self.tasks, task)],
+        )
+
+
 class HeaderJoin:
     def __init__(self) -> None:
         self.aligned = False  # every arrival and task since a known point is seen
@@ -517,6 +547,7 @@ class HeaderJoin:
         self._parked: set[int] = set()  # ambiguous when this window closed: named later, or not
         self._closed: OrderedDict[int, _Window] = OrderedDict()  # parked task -> its closed window
         self._first_seen: OrderedDict[str, int] = OrderedDict()  # conversation -> its first arrival (log time)
+        self._names_forgotten = 0  # the oldest of _first_seen dropped (past MAX_NAMES)
         self._queue_us: OrderedDict[int, int] = OrderedDict()  # task -> arrival to launch, where known
         # try bursts that tried one task: when, and after how many chat lines of its window
         self._lone_tries: OrderedDict[int, tuple[int, int]] = OrderedDict()
@@ -560,6 +591,8 @@ class HeaderJoin:
         self._open_cands: dict[int, tuple[int, ...]] = {}  # open task -> its candidates at the last look
         self._looked_at: tuple[Any, ...] = ()
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
+        # open task -> what its candidates were made of at the last look, and they (_candidates)
+        self._candidates_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -695,6 +728,7 @@ class HeaderJoin:
             self._first_seen[name] = now_us
             if len(self._first_seen) > MAX_NAMES:
                 self._first_seen.popitem(last=False)
+                self._names_forgotten += 1
         if len(self._arrivals) > MAX_ARRIVALS:
             self._fail_unresolved()
             self._reset()
@@ -999,9 +1033,10 @@ class HeaderJoin:
             progress = False
             passes += 1
             cands: dict[int, tuple[int, ...]] = {}
+            bounds = _ClusterBounds(self._claimed, self._arrivals)
             for task in sorted(self._unresolved):
                 j = bisect.bisect_left(ids, task)
-                free = self._candidates(task, j, j + suffix_min[j])
+                free = self._candidates(task, j, j + suffix_min[j], bounds)
                 if free is None:  # more tasks than requests: something the join cannot see
                     self._settle(task, (UNCERTAIN, ""))
                     progress = True
@@ -1187,13 +1222,14 @@ class HeaderJoin:
 
     def _settle(self, task: int, res: tuple[str, str]) -> None:
         self._launched_us.pop(task, None)
+        self._candidates_seen.pop(task, None)
         self._unresolved.discard(task)
         if res == PARKED:
             self._parked.add(task)
         else:
             self._store(task, res)
 
-    def _candidates(self, task: int, lo: int, hi: int) -> tuple[int, ...] | None:
+    def _candidates(self, task: int, lo: int, hi: int, bounds: _ClusterBounds) -> tuple[int, ...] | None:
         """The arrival positions the task's request can be, or None where it can be none. The
         task's rank r lies in [lo, hi]. The arrivals of one cluster hold the ranks of their
         positions in some order, so the owner is in the cluster of a position in [lo, hi], at
@@ -1214,16 +1250,29 @@ class HeaderJoin:
         options = self._first_try.get(task, ((0, last, 0),))
         holds = self._holds.get(task)
         after = holds.after_us if holds is not None else -1  # after the answer its prompt holds existed
-        named = self._conversation_of(task, holds)
+        limits = self._name_limits(task, holds)
         # requests of different clusters took their ids in arrival order: not before a cluster
         # whose request has a smaller id, nor after one whose request has a larger id
-        lo_cluster, hi_cluster = -1, 1 << 60
-        for q, other in claimed.items():
-            if other < task:
-                lo_cluster = max(lo_cluster, arrivals[q].cluster)
-            elif other > task:
-                hi_cluster = min(hi_cluster, arrivals[q].cluster)
-        return tuple(
+        lo_cluster, hi_cluster = bounds.around(task)
+        # the same as at the last look, if nothing it is made of changed: the range, its bounds,
+        # the claims and tries within the range, the names its chain allows
+        key = (
+            first,
+            end,
+            lo_cluster,
+            hi_cluster,
+            options,
+            after,
+            limits,
+            bounds.claims_in(first, end),
+            min(self._untried_from, end + 1),
+            self._names_forgotten,
+        )
+        memo = self._candidates_seen.get(task)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        named = self._conversation_of(task, holds)
+        free = tuple(
             k
             for k in range(first, end + 1)
             if claimed.get(k, task) == task
@@ -1232,6 +1281,8 @@ class HeaderJoin:
             and any(fo <= k <= lo_ and (arrivals[k].tried_by or fb) >= fb for fo, lo_, fb in options)
             and (named is None or named(arrivals[k].name))
         )
+        self._candidates_seen[task] = (key, free)
+        return free
 
     def _conversation_of(self, task: int, holds: Holds | None) -> Callable[[str], bool] | None:
         """Which names the task's request can carry, by the exchanges prompts hold (None: any).
@@ -1241,11 +1292,26 @@ class HeaderJoin:
         the names the task whose exchange its own prompt holds can carry, and, for each later
         prompt that holds this task's exchange and can carry none but names seen before that
         exchange existed, those names."""
+        limits = self._name_limits(task, holds)
+        if limits is None:
+            return None
+        allowed, required = limits
         seen = self._first_seen
+        after = holds.after_us if holds is not None else 0
+
+        def can_be(name: str) -> bool:
+            if required is not None and name not in required:
+                return False
+            return allowed is None or not name or name in allowed or seen.get(name, after) >= after
+
+        return can_be
+
+    def _name_limits(self, task: int, holds: Holds | None) -> tuple[set[str] | None, set[str] | None] | None:
+        """_conversation_of's sets: the names its chain allows (None: any) and the names later
+        prompts require (None: any); None when neither limits it."""
         allowed: set[str] | None = None
-        after = 0
         if holds is not None:
-            allowed, after = set(), holds.after_us
+            allowed = set()
             for owner in holds.owners:
                 names = self._names_of(owner)
                 if names is None:
@@ -1255,13 +1321,7 @@ class HeaderJoin:
         required = self._required_by_holders(task)
         if allowed is None and required is None:
             return None
-
-        def can_be(name: str) -> bool:
-            if required is not None and name not in required:
-                return False
-            return allowed is None or not name or name in allowed or seen.get(name, after) >= after
-
-        return can_be
+        return allowed, required
 
     def _required_by_holders(self, task: int) -> set[str] | None:
         """The names a task's request can carry by the later prompts that hold its exchange: each
@@ -1386,6 +1446,7 @@ class HeaderJoin:
         self._ambiguous = [a for a in self._ambiguous if a > top]
         self._open = [i - k for i in self._open]
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
+        self._candidates_seen = {}  # positions moved
         self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
