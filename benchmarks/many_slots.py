@@ -191,6 +191,32 @@ print(len(lines), time.thread_time() - t0)
 """
 
 
+# The parse alone, by the kind of line (the logger and function that wrote it): what the lines
+# that list whole caches and slots cost against the rest.
+PARSE_BY_KIND = """
+import sys, time
+from llamacpp_exporter import parse
+kinds = {"srv update:": [], "slot get_availabl:": [], "srv load:": [], "the rest": []}
+for line in open(sys.argv[1], errors="replace").read().splitlines():
+    tag = " ".join(line.split(None, 4)[2:4])
+    kinds.get(tag, kinds["the rest"]).append(line)
+for kind, lines in kinds.items():
+    t0 = time.thread_time()
+    for line in lines:
+        parse.parse_line(line)
+    dt = time.thread_time() - t0
+    print(kind.rstrip(":"), len(lines), dt / max(1, len(lines)) * 1e6, sep="\t")
+"""
+
+
+def parse_by_kind(log: Path, pythonpath: str) -> list[tuple[str, int, float]]:
+    env = dict(os.environ, PYTHONPATH=pythonpath)
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE_BY_KIND, str(log)], capture_output=True, text=True, env=env, check=True
+    ).stdout
+    return [(k, int(n), float(us)) for k, n, us in (line.split("\t") for line in out.splitlines())]
+
+
 def cpu_per_line(log: Path, pythonpath: str, runs: int) -> float:
     env = dict(os.environ, PYTHONPATH=pythonpath)
     best = float("inf")
@@ -295,6 +321,13 @@ def main() -> int:
             row += f" {c['exact']} of {c['answered']} ({c['not exact']} not, {unmatched} unmatched) |"
             row += f" {c['named right']} / {c['uncertain']} / {c['named wrong']} |"
         print(row, flush=True)
+    biggest = max(logs)
+    print(f"\nthe parse alone by kind of line, {biggest} slots (CPU per line):\n")
+    print("| line | lines |" + "".join(f" {b} |" for b in builds))
+    print("|---|---|" + "---|" * len(builds))
+    by_build = {b: parse_by_kind(logs[biggest][0], path) for b, path in builds.items()}
+    for i, (kind, n, _) in enumerate(by_build["pure"]):
+        print(f"| {kind} | {n:,} |" + "".join(f" {by_build[b][i][2]:.2f} us |" for b in builds))
     return 0
 
 

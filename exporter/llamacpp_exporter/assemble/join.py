@@ -593,6 +593,11 @@ class HeaderJoin:
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
         # open task -> what its candidates were made of at the last look, and they (_candidates)
         self._candidates_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+        # the last window _feasible filtered, and what came of it (assignable is pure)
+        self._feasible_seen: (
+            tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None
+        ) = None
+        self._bounds: _ClusterBounds | None = None  # of _claimed as it is (None: made again)
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -1033,7 +1038,9 @@ class HeaderJoin:
             progress = False
             passes += 1
             cands: dict[int, tuple[int, ...]] = {}
-            bounds = _ClusterBounds(self._claimed, self._arrivals)
+            bounds = self._bounds
+            if bounds is None:
+                bounds = self._bounds = _ClusterBounds(self._claimed, self._arrivals)
             for task in sorted(self._unresolved):
                 j = bisect.bisect_left(ids, task)
                 free = self._candidates(task, j, j + suffix_min[j], bounds)
@@ -1361,7 +1368,12 @@ class HeaderJoin:
         every = {**self._cands, **cands}
         if len(every) > MAX_MATCH_TASKS or sum(len(c) for c in every.values()) > MAX_MATCH_EDGES:
             return cands  # past this, each task's own candidates only (fewer names, never wrong)
-        usable = assignable(every)
+        seen = self._feasible_seen
+        if seen is not None and seen[0] == every:
+            usable = seen[1]  # the same window as at the last look: the same assignments
+        else:
+            usable = assignable(every)
+            self._feasible_seen = (every, usable)
         if usable is None:  # no assignment: a task the join cannot see; nothing more is provable
             return cands
         for task, free in usable.items():
@@ -1369,6 +1381,7 @@ class HeaderJoin:
                 self._cands[task] = free
                 if len(free) == 1:
                     self._claimed[free[0]] = task
+                    self._bounds = None
                 names = {self._arrivals[k].name for k in free}
                 if task in self._parked and len(names) == 1:  # the window narrowed it since
                     self._parked.discard(task)
@@ -1395,6 +1408,7 @@ class HeaderJoin:
         at = [k for k in free if arrivals[k].name == name]
         if len(at) == 1:
             self._claimed[at[0]] = task
+            self._bounds = None
         self._pin_queue(task, at)
         self._keep_candidates(task, free)
         return (HEADER, name) if name else (NONE, "")
@@ -1447,6 +1461,7 @@ class HeaderJoin:
         self._open = [i - k for i in self._open]
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
         self._candidates_seen = {}  # positions moved
+        self._bounds = None
         self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
