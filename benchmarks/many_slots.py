@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "setup"))
-from realserver import CACHE, LlamaServer, llama_server_binary, tiny_llama_with_lora  # noqa: E402
+from realserver import CACHE, MODELS, LlamaServer, llama_server_binary, tiny_llama_with_lora  # noqa: E402
 from workload import CANARY, text  # noqa: E402
 
 RUNS_DIR = CACHE / "many-slots"
@@ -161,7 +161,7 @@ def record(slots: int, seed: int = 55) -> tuple[Path, Path]:
         finally:
             server.stop()
         tmp_log = log.with_suffix(".tmp")
-        tmp_log.write_bytes(server.log_path.read_bytes())
+        tmp_log.write_bytes(server.log_path.read_bytes().replace(str(MODELS).encode(), b"/models"))
         with open(truth, "w") as fh:
             for t in truths:
                 fh.write(json.dumps(t) + "\n")
@@ -254,7 +254,16 @@ def check(log: Path, truth: Path) -> dict[str, int]:
     for line in truth.read_text().splitlines():
         t = json.loads(line)
         c["answered"] += 1
-        cands = by_times.get((round(t["prompt_ms"] * 100), round(t["predicted_ms"] * 100)), [])
+        # the log prints the times to 0.01 ms, the response gives them unrounded
+        pk, dk = round(t["prompt_ms"] * 100), round(t["predicted_ms"] * 100)
+        cands = [
+            r
+            for a in (pk - 1, pk, pk + 1)
+            for b in (dk - 1, dk, dk + 1)
+            for r in by_times.get((a, b), [])
+            if abs(r.prefill_seconds * 1000 - t["prompt_ms"]) <= 0.0051
+            and abs(r.decode_seconds * 1000 - t["predicted_ms"]) <= 0.0051
+        ]
         cands = [
             r
             for r in cands
