@@ -598,6 +598,7 @@ class HeaderJoin:
             tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None
         ) = None
         self._bounds: _ClusterBounds | None = None  # of _claimed as it is (None: made again)
+        self._undecided: dict[int, tuple[int, ...]] = {}  # open task -> the candidates _decide left open
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -1057,11 +1058,17 @@ class HeaderJoin:
             narrowed = passes < MAX_PASSES and any(self._open_cands.get(t) != c for t, c in cands.items())
             self._open_cands = cands
             progress = narrowed
+            undecided = self._undecided
             for task, free in cands.items():
-                res = self._decide(task, free, final or self._now_us - self._launched_us.get(task, 0) > OPEN_FOR_US)
+                done = final or self._now_us - self._launched_us.get(task, 0) > OPEN_FOR_US
+                if not done and undecided.get(task) is free:
+                    continue  # the very candidates that left it open at the last look
+                res = self._decide(task, free, done)
                 if res is not None:
                     self._settle(task, res)
                     progress = True
+                elif not done:
+                    undecided[task] = free
         if self._closed and changed:
             self._name_closed()
         if self.one_task_each:  # both count tasks as requests
@@ -1230,6 +1237,7 @@ class HeaderJoin:
     def _settle(self, task: int, res: tuple[str, str]) -> None:
         self._launched_us.pop(task, None)
         self._candidates_seen.pop(task, None)
+        self._undecided.pop(task, None)
         self._unresolved.discard(task)
         if res == PARKED:
             self._parked.add(task)
@@ -1462,6 +1470,7 @@ class HeaderJoin:
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
         self._candidates_seen = {}  # positions moved
         self._bounds = None
+        self._undecided = {}
         self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
