@@ -282,3 +282,61 @@ def test_draft_acceptance_and_context_shift_lines(line: str, expected: p.Event) 
     # the same lines reworded (invented): a build that changes them is seen, not ignored
     reworded = line.replace("accepted /", "accepted of").replace("n_discard", "discarded")
     assert isinstance(p.parse_line(reworded).event, p.Unrecognized)
+
+
+# the lines that list a whole RAM cache are read by partitions in their usual shape; the regular
+# expression reads the rest: on any line, the two must say the same where the partitions answer
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_LISTING_LINES = [
+    "   - prompt 0x559314dcfe60:     523 tokens, checkpoints:  0,     0.262 MiB",
+    "   - prompt (nil):   5 tokens, checkpoints: 12, 1 MiB and more",
+    "   - prompt with length     523, lcp =      14, f_keep = 0.027, f_sim = 0.026",
+    "   - prompt with length 5, lcp = -1, f_keep = -1.000, f_sim = 1.5x",
+]
+
+
+def _by_regex(msg: str) -> tuple[object, ...] | None:
+    if msg.startswith("   - prompt with length"):
+        m = p._RE_CANDIDATE.match(msg)
+        return None if not m else (int(m.group(1)), int(m.group(2)), m.group(3), m.group(4))
+    m = p._RE_ENTRY.match(msg)
+    return None if not m else (m.group(1), int(m.group(2)), float(m.group(4)), int(m.group(3)))
+
+
+def _by_partitions(msg: str) -> tuple[object, ...] | None:
+    if msg.startswith("   - prompt with length"):
+        c = p._candidate_line(msg)
+        return None if c is None else (c.n_tokens, c.lcp, c.f_keep, c.f_sim)
+    e = p._entry_line(msg)
+    return None if e is None else (e.entry_id, e.n_tokens, e.size_mib, e.checkpoints)
+
+
+def test_the_usual_listing_lines_are_read_by_partitions() -> None:
+    for msg in _LISTING_LINES:
+        assert _by_partitions(msg) is not None and _by_partitions(msg) == _by_regex(msg)
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.sampled_from(_LISTING_LINES),
+    st.lists(
+        st.tuples(st.integers(0, 200), st.integers(0, 2), st.sampled_from(list(" -0123456789.,:abcfx()MiB_=\u0663\t"))),
+        max_size=4,
+    ),
+)
+def test_the_partitions_say_what_the_regular_expression_says(line: str, edits: list[tuple[int, int, str]]) -> None:
+    chars = list(line)
+    for at, op, c in edits:
+        i = min(at, len(chars))
+        if op == 0 and chars:
+            del chars[min(i, len(chars) - 1)]
+        elif op == 1:
+            chars.insert(i, c)
+        elif chars:
+            chars[min(i, len(chars) - 1)] = c
+    msg = "".join(chars)
+    fast = _by_partitions(msg)
+    if fast is not None:
+        assert fast == _by_regex(msg), msg

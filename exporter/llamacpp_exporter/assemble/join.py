@@ -519,9 +519,7 @@ class _ClusterBounds:
 
     def claims_in(self, first: int, end: int) -> tuple[tuple[int, int], ...]:
         """The claims on the arrivals at positions first..end."""
-        return tuple(
-            self.claims[bisect.bisect_left(self.positions, first) : bisect.bisect_right(self.positions, end)]
-        )
+        return tuple(self.claims[bisect.bisect_left(self.positions, first) : bisect.bisect_right(self.positions, end)])
 
     def around(self, task: int) -> tuple[int, int]:
         return (
@@ -594,9 +592,7 @@ class HeaderJoin:
         # open task -> what its candidates were made of at the last look, and they (_candidates)
         self._candidates_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
         # the last window _feasible filtered, and what came of it (assignable is pure)
-        self._feasible_seen: (
-            tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None
-        ) = None
+        self._feasible_seen: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None = None
         self._bounds: _ClusterBounds | None = None  # of _claimed as it is (None: made again)
         self._undecided: dict[int, tuple[int, ...]] = {}  # open task -> the candidates _decide left open
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
