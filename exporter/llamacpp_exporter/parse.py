@@ -947,17 +947,11 @@ def _srv_event(msg: str) -> Event:
     # slot whose selection (or idle save) started it.
     if msg.startswith(" - ") or msg.startswith("   - "):
         if msg.startswith("   - prompt with length"):
-            candidate = _candidate_line(msg)
-            if candidate is not None:
-                return candidate
             m = _RE_CANDIDATE.match(msg)
             if m:
                 n, lcp, f_keep, f_sim = m.group(1, 2, 3, 4)
                 return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
         elif msg.startswith("   - prompt "):
-            listed = _entry_line(msg)
-            if listed is not None:
-                return listed
             m = _RE_ENTRY.match(msg)
             if m:
                 entry, n, checkpoints, mib = m.group(1, 2, 3, 4)
@@ -1269,66 +1263,6 @@ def _usual_line(line: str) -> ParsedLine | None:
     if event is UNRECOGNIZED:
         event = unrecognized(tag, line[i + 7 : i + 19])
     return ParsedLine(ts, event)
-
-
-# The lines that list a whole RAM cache (one a cache entry at each update, one a candidate at each
-# load: hundreds a request on a server with many slots and entries) read by a few partitions in
-# their usual shape, ASCII only, at the cost of any other line; anything else goes to the regular
-# expression, which says the same of the usual shape (tests/test_parse.py holds the two together).
-_DIGITS: Final = "0123456789"
-_HEX: Final = "0123456789abcdef"
-_DECIMAL: Final = "-0123456789."
-
-
-def _spaced_digits(text: str, signed: bool = False) -> str | None:
-    """One or more spaces, then ASCII digits (after a minus sign if `signed`) to the end."""
-    digits = text.lstrip(" ")
-    if len(digits) == len(text):
-        return None
-    unsigned = digits[1:] if signed and digits.startswith("-") else digits
-    return digits if unsigned and not unsigned.strip(_DIGITS) else None
-
-
-def _entry_line(msg: str) -> CacheEntryListed | None:
-    """`   - prompt 0x5593369e7000:     523 tokens, checkpoints:  0,     0.262 MiB`, as _RE_ENTRY."""
-    if not msg.isascii() or not msg.startswith("   - prompt "):
-        return None
-    head, sep, tail = msg.partition(" tokens, checkpoints:")
-    entry, colon, n = head[12:].partition(":")
-    if (
-        not sep
-        or not colon
-        or not (entry == "(nil)" or (entry[:2] == "0x" and len(entry) > 2 and not entry[2:].strip(_HEX)))
-    ):
-        return None
-    tokens = _spaced_digits(n)
-    checkpoints, comma, size = tail.partition(",")
-    stored = _spaced_digits(checkpoints)
-    spaced, unit, _ = size.partition(" MiB")
-    mib = spaced.lstrip(" ")
-    if tokens is None or stored is None or not comma or not unit or len(mib) == len(spaced):
-        return None
-    whole, dot, fraction = (mib[1:] if mib.startswith("-") else mib).partition(".")
-    if not whole or whole.strip(_DIGITS) or (dot and (not fraction or fraction.strip(_DIGITS))):
-        return None
-    return CacheEntryListed(entry, int(tokens), float(mib), int(stored))
-
-
-def _candidate_line(msg: str) -> CacheCandidate | None:
-    """`   - prompt with length     523, lcp =      14, f_keep = 0.027, f_sim = 0.026`, as
-    _RE_CANDIDATE."""
-    if not msg.isascii() or not msg.startswith("   - prompt with length"):
-        return None
-    n, sep1, rest = msg[23:].partition(", lcp =")
-    lcp, sep2, rest = rest.partition(", f_keep = ")
-    f_keep, sep3, rest = rest.partition(", f_sim = ")
-    tokens, common = _spaced_digits(n), _spaced_digits(lcp, signed=True)
-    if not (sep1 and sep2 and sep3) or tokens is None or common is None or not f_keep or f_keep.strip(_DECIMAL):
-        return None
-    f_sim = rest[: len(rest) - len(rest.lstrip(_DECIMAL))]
-    if not f_sim:
-        return None
-    return CacheCandidate(int(tokens), int(common), f_keep, f_sim)
 
 
 def _ascii_number(line: str, k: int) -> tuple[int, int]:
