@@ -560,6 +560,7 @@ class HeaderJoin:
         if getattr(self, "_parked", None):
             self._close_window()
         self._arrivals: list[_Arrival] = []
+        self._clusters: list[int] = []  # each arrival's cluster, by position (never decreasing)
         self._open: list[int] = []  # unsettled arrivals (positions)
         self._params_lines = 0  # "chat format" lines logged since, by the unsettled arrivals at most
         # arrivals of this window less their "chat format" lines, less those proven one task
@@ -595,6 +596,9 @@ class HeaderJoin:
         self._feasible_seen: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None = None
         self._bounds: _ClusterBounds | None = None  # of _claimed as it is (None: made again)
         self._undecided: dict[int, tuple[int, ...]] = {}  # open task -> the candidates _decide left open
+        # _by_time's as _candidates_seen, and the changes of what arrivals may share a request
+        self._by_time_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...], frozenset[str]]] = {}
+        self._sharing_changes = 0
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -724,6 +728,7 @@ class HeaderJoin:
             self._cluster += 1
         self._open.append(len(self._arrivals))
         self._arrivals.append(_Arrival(name, self._cluster, now_us))
+        self._clusters.append(self._cluster)
         self._not_one_task += 1
         self._arrivals[-1].lines_before = self._lines
         if name and name not in self._first_seen:
@@ -1094,19 +1099,27 @@ class HeaderJoin:
                     if done:
                         self._settle(task, (UNCERTAIN, ""))
                     continue
-                named = self._conversation_of(task, holds)
-                free = tuple(
-                    k
-                    for k in range(lo, hi)
-                    if arrivals[k].alone_task in (None, task)
-                    and self._may_share(k, task)
-                    and (named is None or named(arrivals[k].name))
-                )
-                names = {arrivals[k].name for k in free}
+                # the same as at the last look if nothing it is made of changed (_candidates)
+                key = (lo, hi, self._name_limits(task, holds), self._sharing_changes, self._names_forgotten)
+                seen = self._by_time_seen.get(task)
+                if seen is not None and seen[0] == key:
+                    free, names = seen[1], set(seen[2])
+                else:
+                    named = self._conversation_of(task, holds)
+                    free = tuple(
+                        k
+                        for k in range(lo, hi)
+                        if arrivals[k].alone_task in (None, task)
+                        and self._may_share(k, task)
+                        and (named is None or named(arrivals[k].name))
+                    )
+                    names = {arrivals[k].name for k in free}
+                    self._by_time_seen[task] = (key, free, frozenset(names))
                 if len(free) == 1:  # its request: every id of it was taken before this launch
                     self._settled_by(free[0], launched)
                     if free[0] not in self._owned:
                         self._owned[free[0]] = task
+                        self._sharing_changes += 1
                         progress = True
                 if len(names) == 1:
                     self._pin_queue(task, list(free))
@@ -1226,6 +1239,7 @@ class HeaderJoin:
         if len(free) == 1 and free[0].lines_before == lines and free[0].alone_task is None:
             a = free[0]
             a.alone_task = task
+            self._sharing_changes += 1
             self._not_one_task -= 1
             self._settled_by(arrivals.index(a), tried_us)
             self._resolve_all()  # every arrival may be one task now: every rule holds again
@@ -1234,6 +1248,7 @@ class HeaderJoin:
         self._launched_us.pop(task, None)
         self._candidates_seen.pop(task, None)
         self._undecided.pop(task, None)
+        self._by_time_seen.pop(task, None)
         self._unresolved.discard(task)
         if res == PARKED:
             self._parked.add(task)
@@ -1249,12 +1264,11 @@ class HeaderJoin:
         if lo > hi or lo > last:
             return None
         arrivals = self._arrivals
-        first = lo
-        while first > 0 and arrivals[first - 1].cluster == arrivals[lo].cluster:
-            first -= 1
+        # whole clusters: from the first of lo's to the last of end's, not past `last`
+        clusters = self._clusters
+        first = bisect.bisect_left(clusters, clusters[lo], 0, lo) if lo > 0 else 0
         end = min(hi, last)
-        while end < last and arrivals[end + 1].cluster == arrivals[end].cluster:
-            end += 1
+        end = min(last, bisect.bisect_right(clusters, clusters[end], end) - 1)
         # the arrivals it can be: not those another task is proven to be
         claimed = self._claimed
         # its request arrived before its first try, and was not tried in an earlier burst
@@ -1457,6 +1471,7 @@ class HeaderJoin:
             self._first_try.pop(t, None)
         del ids[:k]
         del arrivals[:k]
+        del self._clusters[:k]
         for t in ids:
             self._last_owner[t] -= k
             if t in self._first_try:
@@ -1467,6 +1482,7 @@ class HeaderJoin:
         self._candidates_seen = {}  # positions moved
         self._bounds = None
         self._undecided = {}
+        self._by_time_seen = {}
         self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
