@@ -151,7 +151,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -297,14 +297,33 @@ class DeferredQueue:
             if self.lo > 0:
                 self.lo -= 1
             return
-        out = []
+        # made one by one, until there are more than MAX_WORLDS different ones: then only the
+        # bounds are kept, and those follow from the worlds before (a long queue on a server with
+        # many slots would make hundreds of worlds per world, each compared whole)
+        unique: dict[tuple[Any, ...], _World] = {}
         for w in self.worlds:
-            out.append(w)
-            for i in range(len(w.queue)):
-                out.append(_World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back)))
-            for i in range(len(w.sent_back)):
-                out.append(_World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :]))
-        self._set(out)
+            for new in self._without_one(w):
+                unique.setdefault(new.key(), new)
+                if len(unique) > MAX_WORLDS:
+                    sizes = [len(w.queue) + len(w.sent_back) for w in self.worlds]
+                    backs = [len(w.sent_back) for w in self.worlds]
+                    self.lo, self.hi = min(max(0, n - 1) for n in sizes), max(sizes)
+                    self.retries_lo, self.retries_hi = min(max(0, b - 1) for b in backs), max(backs)
+                    self.worlds = None
+                    return
+        if not unique:  # no world at all (never so): as _set
+            self._to_bounds(self.worlds)
+            return
+        self.worlds = list(unique.values())
+
+    @staticmethod
+    def _without_one(w: _World) -> Iterator[_World]:
+        """The world as it is, and without each one of its tasks."""
+        yield w
+        for i in range(len(w.queue)):
+            yield _World(w.queue[:i] + w.queue[i + 1 :], list(w.sent_back))
+        for i in range(len(w.sent_back)):
+            yield _World(list(w.queue), w.sent_back[:i] + w.sent_back[i + 1 :])
 
     def released(self, slot: int) -> None:
         """A slot stopped: one deferred task goes back to the front, the first one pinned to
