@@ -4,8 +4,8 @@ A real llama-server b11434 at a GPU's speed (the tiny random-weight llama model,
 ends in a fraction of a second, its random adapter loaded with the global scale 1.0), `-np N`,
 `--cache-ram 256`, `-lv 4`; 3 conversations a slot, each 5 turns with X-Conversation-Id,
 starting unsynchronised: a third with the adapter (`lora` scale 0.5), a third with it explicitly
-off (scale 0), a third with no list (the global 1.0); beside them short requests of clients that
-give up after 50-300 ms. Each run's log and the responses' timings are recorded once under
+off (scale 0), a third with no list (the global 1.0); beside them two clients (one at 4 slots)
+sending short requests every 0.2-1.5 s that give up after 50-300 ms. Each run's log and the responses' timings are recorded once under
 $LLAMACPP_EXPORTER_CACHE/many-slots/ (a run takes from 20 s at 4 slots to a few minutes at 128).
 
 Then, for each log: the pipeline's CPU per line (the whole hot path, in the live exporter's
@@ -118,7 +118,7 @@ def workload(url: str, slots: int, seed: int, stop_impatient: threading.Event) -
                     gave_up[0] += 1
 
     convs = [threading.Thread(target=conversation, args=(i,)) for i in range(3 * slots)]
-    side = [threading.Thread(target=impatient, args=(k,)) for k in range(max(1, slots // 8))]
+    side = [threading.Thread(target=impatient, args=(k,)) for k in range(min(2, max(1, slots // 8)))]
     for t in [*convs, *side]:
         t.start()
     for t in convs:
@@ -295,6 +295,9 @@ def main() -> int:
     ap.add_argument("--compiled", action="store_true", help="also time the pipeline compiled with mypyc")
     ap.add_argument("--rerecord", action="store_true", help="record the runs afresh")
     ap.add_argument("--no-check", action="store_true", help="time only")
+    ap.add_argument(
+        "--before", metavar="CHECKOUT", help="also time another checkout's pure package (e.g. a git worktree)"
+    )
     args = ap.parse_args()
     slots = [int(s) for s in args.slots.split(",")]
     if 4 not in slots:
@@ -305,6 +308,8 @@ def main() -> int:
                 f.unlink()
     logs = {s: record(s) for s in slots}
     builds = {"pure": str(ROOT / "exporter")}
+    if args.before:
+        builds["before (pure)"] = str(Path(args.before).resolve() / "exporter")
     if args.compiled:
         from build_compiled import installed_package
 

@@ -25,6 +25,8 @@ echo "== headroom against the fastest llama-server here"; .venv/bin/python bench
 echo "== analyze's memory over ten million lines and over a rotated set"; .venv/bin/python benchmarks/analyze_memory.py
 echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throughput.py
 echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py
+echo "== many slots: the cost per line at 4, 16, 64 and 128 slots of a real server"; .venv/bin/python benchmarks/many_slots.py --compiled
+echo "== many slots live: the exporter following a real 64-slot server"; .venv/bin/python benchmarks/many_slots_live.py
 echo "== what the conversation join names on every recorded run"; .venv/bin/python benchmarks/join_coverage.py
 echo "== sending each request's trace: the hot path with traces off and on"; .venv/bin/python benchmarks/tracing_cost.py
 echo "== a compressed day: restarts, kills, rotation, a LoRA scale change (20 minutes)"; .venv/bin/python benchmarks/compressed_day.py

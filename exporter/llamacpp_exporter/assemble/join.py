@@ -664,6 +664,7 @@ class HeaderJoin:
         """The log did not settle the task in time."""
         res = self._results.get(task)
         if res is None:
+            self._forget_looks(task)
             self._unresolved.discard(task)
             self._parked.discard(task)
             self._closed.pop(task, None)
@@ -729,6 +730,7 @@ class HeaderJoin:
 
     def _fail_unresolved(self, parked_too: bool = True) -> None:
         for task in self._unresolved | (self._parked if parked_too else set()):
+            self._forget_looks(task)
             self._store(task, (UNCERTAIN, ""))
         self._unresolved.clear()
         if parked_too:
@@ -1263,11 +1265,15 @@ class HeaderJoin:
             self._settled_by(arrivals.index(a), tried_us)
             self._resolve_all()  # every arrival may be one task now: every rule holds again
 
-    def _settle(self, task: int, res: tuple[str, str]) -> None:
-        self._launched_us.pop(task, None)
+    def _forget_looks(self, task: int) -> None:
+        """The task is no longer open: what its last looks were made of goes."""
         self._candidates_seen.pop(task, None)
         self._undecided.pop(task, None)
         self._by_time_seen.pop(task, None)
+
+    def _settle(self, task: int, res: tuple[str, str]) -> None:
+        self._launched_us.pop(task, None)
+        self._forget_looks(task)
         self._unresolved.discard(task)
         if res == PARKED:
             self._parked.add(task)
