@@ -519,6 +519,20 @@ class _Window:
 MAX_WINDOWS: Final = 32  # closed windows whose ambiguous tasks a later turn may still name
 
 
+@dataclass(slots=True)
+class _Look:
+    """What an open task's candidates were made of at its last look (HeaderJoin._candidates)."""
+
+    own: tuple[int, int, tuple[tuple[int, int, int], ...], int]  # cluster bounds, tries, after
+    first: int
+    end: int
+    claims: tuple[tuple[int, int], ...]
+    untried: int
+    pre: tuple[int, ...]  # the candidates, names aside
+    names_key: tuple[Any, ...]
+    free: tuple[int, ...]
+
+
 class _ClusterBounds:
     """The clusters of the arrivals proven to be a task's request, by task id: the latest
     cluster of a smaller id and the earliest of a larger one, for any task in two bisections
@@ -610,7 +624,7 @@ class HeaderJoin:
         self._looked_at: tuple[Any, ...] = ()
         self._claimed: dict[int, int] = {}  # arrival position -> the task proven to be its request
         # open task -> what its candidates were made of at the last look, and they (_candidates)
-        self._candidates_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...]]] = {}
+        self._candidates_seen: dict[int, _Look] = {}
         # the last window _feasible filtered, and what came of it (assignable is pure)
         self._feasible_seen: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None = None
         self._bounds: _ClusterBounds | None = None  # of _claimed as it is (None: made again)
@@ -618,6 +632,7 @@ class HeaderJoin:
         # _by_time's as _candidates_seen, and the changes of what arrivals may share a request
         self._by_time_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...], frozenset[str]]] = {}
         self._sharing_changes = 0
+        self._names_seen: dict[int, tuple[tuple[int, ...], set[str]]] = {}  # task -> (candidates, their names)
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -1294,8 +1309,6 @@ class HeaderJoin:
         first = bisect.bisect_left(clusters, clusters[lo], 0, lo) if lo > 0 else 0
         end = min(hi, last)
         end = min(last, bisect.bisect_right(clusters, clusters[end], end) - 1)
-        # the arrivals it can be: not those another task is proven to be
-        claimed = self._claimed
         # its request arrived before its first try, and was not tried in an earlier burst
         options = self._first_try.get(task, ((0, last, 0),))
         holds = self._holds.get(task)
@@ -1304,35 +1317,47 @@ class HeaderJoin:
         # requests of different clusters took their ids in arrival order: not before a cluster
         # whose request has a smaller id, nor after one whose request has a larger id
         lo_cluster, hi_cluster = bounds.around(task)
-        # the same as at the last look, if nothing it is made of changed: the range, its bounds,
-        # the claims and tries within the range, the names its chain allows
-        key = (
-            first,
-            end,
-            lo_cluster,
-            hi_cluster,
-            options,
-            after,
-            limits,
-            bounds.claims_in(first, end),
-            min(self._untried_from, end + 1),
-            self._names_forgotten,
-        )
-        memo = self._candidates_seen.get(task)
-        if memo is not None and memo[0] == key:
-            return memo[1]
+        # what its candidates are made of: the task's own bounds, the range with the claims and
+        # tries within it, the names its chain allows. At the next look only what changed is
+        # looked at again: the positions that entered the range or whose claim or try changed, or
+        # the names alone (each position's test depends on the task's bounds and that position)
+        own = (lo_cluster, hi_cluster, options, after)
+        claims = bounds.claims_in(first, end)
+        untried = min(self._untried_from, end + 1)
+        names_key = (limits, self._names_forgotten)
+        look = self._candidates_seen.get(task)
+        if look is None or look.own != own:
+            pre = tuple(k for k in range(first, end + 1) if self._may_be(k, task, own))
+        elif (look.first, look.end, look.claims, look.untried) == (first, end, claims, untried):
+            pre = look.pre
+            if look.names_key == names_key:
+                return look.free
+        else:
+            changed = set(range(min(look.untried, untried), max(look.untried, untried)))
+            if look.claims != claims:
+                changed.update(k for k, _ in set(look.claims).symmetric_difference(claims))
+            kept = [k for k in look.pre if first <= k <= end and k not in changed]
+            todo = {k for k in changed if first <= k <= end}
+            todo.update(range(first, min(end + 1, look.first)), range(max(first, look.end + 1), end + 1))
+            pre = tuple(sorted(kept + [k for k in todo if self._may_be(k, task, own)]))
         named = self._conversation_of(task, holds)
-        free = tuple(
-            k
-            for k in range(first, end + 1)
-            if claimed.get(k, task) == task
-            and lo_cluster <= arrivals[k].cluster <= hi_cluster
-            and arrivals[k].at_us >= after
-            and any(fo <= k <= lo_ and (arrivals[k].tried_by or fb) >= fb for fo, lo_, fb in options)
-            and (named is None or named(arrivals[k].name))
-        )
-        self._candidates_seen[task] = (key, free)
+        free = pre if named is None else tuple(k for k in pre if named(arrivals[k].name))
+        if look is not None and free == look.free:
+            free = look.free  # the same object: what was judged of it at the last look holds
+        self._candidates_seen[task] = _Look(own, first, end, claims, untried, pre, names_key, free)
         return free
+
+    def _may_be(self, k: int, task: int, own: tuple[int, int, tuple[tuple[int, int, int], ...], int]) -> bool:
+        """Whether arrival k can be the task's request, its name aside: not another task's, within
+        its cluster bounds, after the answer its prompt holds, tried in a burst it can be of."""
+        lo_cluster, hi_cluster, options, after = own
+        a = self._arrivals[k]
+        return (
+            self._claimed.get(k, task) == task
+            and lo_cluster <= a.cluster <= hi_cluster
+            and a.at_us >= after
+            and any(fo <= k <= lo_ and (a.tried_by or fb) >= fb for fo, lo_, fb in options)
+        )
 
     def _conversation_of(self, task: int, holds: Holds | None) -> Callable[[str], bool] | None:
         """Which names the task's request can carry, by the exchanges prompts hold (None: any).
@@ -1401,8 +1426,16 @@ class HeaderJoin:
             free = self._cands.get(task)  # settled, or parked in this window
         if free is None:
             return None
+        # the names of the same candidates as at the last call: the chains of a large window ask
+        # for the same few tasks' names for every open task
+        seen = self._names_seen.get(task)
+        if seen is not None and seen[0] is free:
+            return seen[1]
         arrivals = self._arrivals
-        return {arrivals[k].name for k in free if k < len(arrivals)}
+        names = {arrivals[k].name for k in free if k < len(arrivals)}
+        if max(free, default=-1) < len(arrivals):  # a later arrival cannot add to them
+            self._names_seen[task] = (free, names)
+        return names
 
     def _feasible(self, cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
         """Each request is one task at most: of the arrivals the open tasks can be, those they
@@ -1508,6 +1541,7 @@ class HeaderJoin:
         self._bounds = None
         self._undecided = {}
         self._by_time_seen = {}
+        self._names_seen = {}
         self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
