@@ -533,6 +533,11 @@ class _Look:
     free: tuple[int, ...]
 
 
+def _same(a: list[set[str] | None], b: list[set[str] | None]) -> bool:
+    """The very same sets (or None), one for one."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 class _ClusterBounds:
     """The clusters of the arrivals proven to be a task's request, by task id: the latest
     cluster of a smaller id and the earliest of a larger one, for any task in two bisections
@@ -632,7 +637,9 @@ class HeaderJoin:
         # _by_time's as _candidates_seen, and the changes of what arrivals may share a request
         self._by_time_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...], frozenset[str]]] = {}
         self._sharing_changes = 0
-        self._names_seen: dict[int, tuple[tuple[int, ...], set[str]]] = {}  # task -> (candidates, their names)
+        # task -> (its candidates or its result, their names), and what its name limits were made of
+        self._names_seen: dict[int, tuple[tuple[Any, ...], set[str]]] = {}
+        self._limits_seen: dict[int, tuple[int, list[set[str] | None], list[set[str] | None], Holds | None, Any]] = {}
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -1285,6 +1292,7 @@ class HeaderJoin:
         self._candidates_seen.pop(task, None)
         self._undecided.pop(task, None)
         self._by_time_seen.pop(task, None)
+        self._limits_seen.pop(task, None)
 
     def _settle(self, task: int, res: tuple[str, str]) -> None:
         self._launched_us.pop(task, None)
@@ -1383,29 +1391,42 @@ class HeaderJoin:
 
     def _name_limits(self, task: int, holds: Holds | None) -> tuple[set[str] | None, set[str] | None] | None:
         """_conversation_of's sets: the names its chain allows (None: any) and the names later
-        prompts require (None: any); None when neither limits it."""
+        prompts require (None: any); None when neither limits it. The same as at the last call
+        while the names of its chain are the very same (_names_of keeps them)."""
+        owners = [self._names_of(owner) for owner in holds.owners] if holds is not None else []
+        later = self._held_by.get(task, ())
+        holders = [self._names_of(t) for t in later]
+        seen = self._limits_seen.get(task)
+        if (
+            seen is not None
+            and seen[0] == self._names_forgotten
+            and _same(seen[1], owners)
+            and _same(seen[2], holders)
+            and seen[3] is holds
+        ):
+            return seen[4]
         allowed: set[str] | None = None
         if holds is not None:
             allowed = set()
-            for owner in holds.owners:
-                names = self._names_of(owner)
+            for names in owners:
                 if names is None:
                     allowed = None
                     break
                 allowed |= names
-        required = self._required_by_holders(task)
-        if allowed is None and required is None:
-            return None
-        return allowed, required
+        required = self._required_by_holders(task, holders)
+        limits = None if allowed is None and required is None else (allowed, required)
+        self._limits_seen[task] = (self._names_forgotten, owners, holders, holds, limits)
+        return limits
 
-    def _required_by_holders(self, task: int) -> set[str] | None:
+    def _required_by_holders(self, task: int, holders: list[set[str] | None] | None = None) -> set[str] | None:
         """The names a task's request can carry by the later prompts that hold its exchange: each
         of them that can carry no name but names seen before that exchange existed (so no branch
-        or clone of it, nor a request without an id) carries the task's own name."""
+        or clone of it, nor a request without an id) carries the task's own name. ``holders``:
+        their names, where the caller has them."""
         seen = self._first_seen
         required: set[str] | None = None
-        for later in self._held_by.get(task, ()):
-            names = self._names_of(later)
+        for i, later in enumerate(self._held_by.get(task, ())):
+            names = self._names_of(later) if holders is None else holders[i]
             at = self._holds[later].after_us
             if names is None or any(not n or seen.get(n, at) >= at for n in names):
                 continue  # maybe sent without an id, or a conversation that began as a copy of this exchange
@@ -1415,8 +1436,11 @@ class HeaderJoin:
     def _names_of(self, task: int) -> set[str] | None:
         """The names a task's request can carry as far as the join knows now (None: any)."""
         res = self._results.get(task)
+        seen = self._names_seen.get(task)
         if res is not None and res[0] != UNCERTAIN:
-            return {res[1]}
+            if seen is None or seen[0] is not res:  # kept, so that the same answer is the same set
+                seen = self._names_seen[task] = (res, {res[1]})
+            return seen[1]
         window = self._closed.get(task)
         if window is not None:
             return {window.names[k] for k in window.cands.get(task, ())}
@@ -1428,7 +1452,6 @@ class HeaderJoin:
             return None
         # the names of the same candidates as at the last call: the chains of a large window ask
         # for the same few tasks' names for every open task
-        seen = self._names_seen.get(task)
         if seen is not None and seen[0] is free:
             return seen[1]
         arrivals = self._arrivals
@@ -1542,6 +1565,7 @@ class HeaderJoin:
         self._undecided = {}
         self._by_time_seen = {}
         self._names_seen = {}
+        self._limits_seen = {}
         self._owned = {i - k: t for i, t in self._owned.items() if i >= k}
         # the forgotten arrivals were the forgotten tasks' requests (their ranks were exact)
         self._cands = {t: tuple(i - k for i in c if i >= k) for t, c in self._cands.items() if t > top}
