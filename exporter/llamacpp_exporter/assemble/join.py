@@ -533,6 +533,10 @@ class _Look:
     free: tuple[int, ...]
 
 
+# the names a task's chain allows and the names later prompts require (None: any); None: neither
+_Limits = tuple[set[str] | None, set[str] | None] | None
+
+
 def _same(a: list[set[str] | None], b: list[set[str] | None]) -> bool:
     """The very same sets (or None), one for one."""
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
@@ -639,7 +643,9 @@ class HeaderJoin:
         self._sharing_changes = 0
         # task -> (its candidates or its result, their names), and what its name limits were made of
         self._names_seen: dict[int, tuple[tuple[Any, ...], set[str]]] = {}
-        self._limits_seen: dict[int, tuple[int, list[set[str] | None], list[set[str] | None], Holds | None, Any]] = {}
+        self._limits_seen: dict[
+            int, tuple[int, list[set[str] | None], list[set[str] | None], Holds | None, _Limits]
+        ] = {}
         # by arrival times (_by_time): arrival position -> a task proven to be of its request
         self._owned: dict[int, int] = {}
         self._untried_from = 0  # arrivals before this position are marked tried_by
@@ -1389,7 +1395,7 @@ class HeaderJoin:
 
         return can_be
 
-    def _name_limits(self, task: int, holds: Holds | None) -> tuple[set[str] | None, set[str] | None] | None:
+    def _name_limits(self, task: int, holds: Holds | None) -> _Limits:
         """_conversation_of's sets: the names its chain allows (None: any) and the names later
         prompts require (None: any); None when neither limits it. The same as at the last call
         while the names of its chain are the very same (_names_of keeps them)."""
