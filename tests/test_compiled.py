@@ -98,6 +98,8 @@ SOURCE_ONLY = " and ".join(
         "test_a_failing_snapshot_is_counted_as_an_internal_error",
         "test_a_parser_bug_costs_one_unrecognized_line",
         "test_a_record_takes_its_drafts_facts_under_the_same_names_and_types",
+        # counts calls by replacing methods, which compiled classes do not allow
+        "test_the_waiting_records_look_at_other_slots_no_more_often_a_line_with_four_times_the_slots",
     )
 )
 
@@ -105,6 +107,7 @@ SOURCE_ONLY = " and ".join(
 def test_the_compiled_package_passes_the_parser_assembler_events_and_golden_tests(compiled_dir: Path) -> None:
     tests = ["test_parse.py", "test_fuzz.py", "test_assemble.py", "test_golden.py", "test_join.py", "test_parts.py"]
     tests += ["test_events_file.py", "test_analyze.py", "test_analyze_store.py", "test_exposition.py"]
+    tests += ["test_many_slots.py"]
     env = dict(os.environ, PYTHONPATH=str(compiled_dir))
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "fast", "-k", SOURCE_ONLY, *tests],
