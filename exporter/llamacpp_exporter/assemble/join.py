@@ -150,6 +150,7 @@ Pure: no I/O, no clock; times are the log's microseconds.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -182,6 +183,7 @@ MAX_RESULTS: Final = 8192
 # candidates only (bounds the work per line on a server whose join stays in doubt for long)
 MAX_MATCH_EDGES: Final = 4_000
 MAX_MATCH_TASKS: Final = 128
+_CHECK_LOOKS = False  # tests: compare each pass with a full look at every open task
 MAX_PASSES: Final = 16  # looks at the open tasks per line, while a chain narrows another's candidates
 # A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
 # came within this of each other: the midpoint is then at most half of it off.
@@ -638,6 +640,25 @@ class HeaderJoin:
         self._feasible_seen: tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]] | None] | None = None
         self._bounds: _ClusterBounds | None = None  # of _claimed as it is (None: made again)
         self._undecided: dict[int, tuple[int, ...]] = {}  # open task -> the candidates _decide left open
+        # The pass over the open tasks looks again only at those whose candidates may have changed
+        # since their last look (its cost then follows what changed, not how many are open):
+        # _stale holds them, _all_stale stands for every one. Each input of _candidates marks the
+        # tasks it can change: a claim (bounds) every task, a rank bound (_suffix_min) or a try
+        # the task's own, the names of a task those whose chain it is in (_names_changed), the
+        # tries marked (_untried_from) those whose last look reached past them (_reach_untried).
+        self._stale: set[int] = set()
+        self._all_stale = True
+        self._names_stale: set[int] = set()  # of _stale: those whose chain's names may have changed
+        self._stale_bounds: _ClusterBounds | None = None  # the claims the last looks were made of
+        self._stale_forgotten = self._names_forgotten
+        self._reach_untried: set[int] = set()  # open tasks whose last look was bounded by _untried_from
+        self._holders_of: dict[int, list[int]] = {}  # task -> the tasks whose prompt holds its exchange
+        # task -> its candidates at its last look, before the window's all-different filtering
+        self._raw_cands: dict[int, tuple[int, ...]] = {}
+        self._open_filtered = False  # _open_cands were filtered by _feasible at the last pass
+        # suffix_min of _resolve_all, kept up to date as ids come (None: computed again)
+        self._suffix_min: list[int] | None = [0]
+        self._expiry: list[tuple[int, int]] = []  # (launched, task) of open tasks: a heap
         # _by_time's as _candidates_seen, and the changes of what arrivals may share a request
         self._by_time_seen: dict[int, tuple[tuple[Any, ...], tuple[int, ...], frozenset[str]]] = {}
         self._sharing_changes = 0
@@ -712,6 +733,7 @@ class HeaderJoin:
         )
         for task in self._parked:
             self._closed[task] = window
+            self._names_changed(task)
         self._parked = set()
         while self._closed:
             task, oldest = next(iter(self._closed.items()))
@@ -735,6 +757,7 @@ class HeaderJoin:
             free = tuple(k for k in window.cands.get(owner, ()) if window.names[k] in required)
             if free != window.cands.get(owner):
                 window.cands[owner] = free
+                self._names_changed(owner)
                 touched.append(window)
         for window in {id(w): w for w in touched}.values():
             bursts = window.bursts
@@ -752,9 +775,23 @@ class HeaderJoin:
     def _store(self, task: int, res: tuple[str, str]) -> tuple[str, str]:
         self.version += 1
         self._results[task] = res
+        self._names_changed(task)
         if len(self._results) > MAX_RESULTS:
-            self._results.popitem(last=False)
+            self._names_changed(self._results.popitem(last=False)[0])
         return res
+
+    def _names_changed(self, task: int) -> None:
+        """What _names_of says of the task may have changed: the open tasks whose name limits
+        read it (those whose prompt holds its exchange, and the one whose exchange its prompt
+        holds) are looked at again."""
+        holders = self._holders_of.get(task)
+        if holders:
+            self._stale.update(holders)
+            self._names_stale.update(holders)
+        holds = self._holds.get(task)
+        if holds is not None and len(holds.owners) == 1:
+            self._stale.add(holds.owners[0])
+            self._names_stale.add(holds.owners[0])
 
     def _fail_unresolved(self, parked_too: bool = True) -> None:
         for task in self._unresolved | (self._parked if parked_too else set()):
@@ -830,6 +867,7 @@ class HeaderJoin:
         self._in_burst = True
         self._burst += 1
         now = self._now_us
+        untried_from = self._untried_from
         for k in range(self._untried_from, len(self._arrivals)):
             a = self._arrivals[k]
             if a.tried_by is None:
@@ -837,6 +875,9 @@ class HeaderJoin:
                     break  # later ones keep their place: checked at the next burst
                 a.tried_by = self._burst
             self._untried_from = k + 1
+        if self._untried_from != untried_from:
+            self._stale.update(self._reach_untried)
+            self._reach_untried.clear()
         self._burst_arrivals = len(self._arrivals)
         self._burst_covers = self._untried_from >= len(self._arrivals)
 
@@ -876,7 +917,12 @@ class HeaderJoin:
                 last += 1
             if t in self._first_try:
                 self._first_try[t] = tuple((max(fo, first), min(lo_, last), fb) for fo, lo_, fb in self._first_try[t])
-                self._last_owner[t] = min(self._last_owner[t], last)
+                self._stale.add(t)
+                if last < self._last_owner[t]:
+                    self._last_owner[t] = last
+                    if self._suffix_min is not None:
+                        j = bisect.bisect_left(self._definite, t)
+                        self._lower_suffix(j, last - j)
         self._tried = end
         if self.aligned:
             self._resolve_all()
@@ -952,6 +998,10 @@ class HeaderJoin:
             self._holds[task] = holds
             if len(holds.owners) == 1:
                 self._held_by.setdefault(holds.owners[0], []).append(task)
+            for owner in holds.owners:
+                self._holders_of.setdefault(owner, []).append(task)
+                self._stale.add(owner)  # the later prompts that hold its exchange: one more
+                self._names_stale.add(owner)
         self._attempt(task, None)
 
     def foreign_launch(self, task: int, now_us: int) -> None:
@@ -1041,6 +1091,19 @@ class HeaderJoin:
             self._first_try[task] = options
             self._launched_us[task] = self._now_us
             self._unresolved.add(task)
+            self._stale.add(task)
+            heapq.heappush(self._expiry, (self._now_us, task))
+            sm, ids = self._suffix_min, self._definite
+            if sm is not None:
+                # one more id at p: the later ones' terms fall by one (their index grows, their
+                # rank bound stays) and their lower bound rises: they are looked at again
+                p = bisect.bisect_left(ids, task)
+                n = len(ids)
+                later = [m - 1 for m in sm[p : n - 1]]
+                term = self._last_owner[task] - p
+                sm[p : n - 1] = [min(term, later[0]) if later else term, *later]
+                self._stale.update(ids[p + 1 :])
+                self._lower_suffix(p - 1, sm[p])
             if self.aligned and dq.retry and len({fb for _, _, fb in options} & self._lone_tries.keys()) == 1:
                 self._one_task_if_alone(task)  # a retry of a burst's only try (a deferral)
         if self.aligned:
@@ -1054,11 +1117,17 @@ class HeaderJoin:
         # least one from one seen id to the next: r(ids[j]) <= j + min over i >= j of
         # (last_owner(ids[i]) - i)
         ids = self._definite
-        suffix_min = [0] * (len(ids) + 1)
-        best = 1 << 60
-        for i in range(len(ids) - 1, -1, -1):
-            best = min(best, self._last_owner[ids[i]] - i)
-            suffix_min[i] = best
+        suffix_min = self._suffix_min
+        if suffix_min is None:
+            suffix_min = self._suffix_min = [0] * (len(ids) + 1)
+            best = 1 << 60
+            for i in range(len(ids) - 1, -1, -1):
+                best = min(best, self._last_owner[ids[i]] - i)
+                suffix_min[i] = best
+            self._all_stale = True
+        expiry = self._expiry
+        while expiry and self._launched_us.get(expiry[0][1]) != expiry[0][0]:
+            heapq.heappop(expiry)  # settled since
         # what the open tasks' candidates depend on: unchanged since the last look, nothing new
         # can be proven (and a look costs a pass over the window)
         state = (
@@ -1070,13 +1139,14 @@ class HeaderJoin:
             self._untried_from,
             len(self._open),
             tuple(suffix_min[:1]),
-            final or any(self._now_us - self._launched_us.get(t, 0) > OPEN_FOR_US for t in self._unresolved),
+            final or bool(expiry and self._now_us - expiry[0][0] > OPEN_FOR_US),
             self.one_task_each,
             self._not_one_task,
         )
         progress = changed = state != self._looked_at
         self._looked_at = state
         if not self.one_task_each:
+            self._all_stale = True  # _by_time keeps _open_cands its own way
             if progress:
                 self._by_time(final)
             if not self.one_task_each:
@@ -1084,32 +1154,69 @@ class HeaderJoin:
                     self._name_closed()
                 return
             progress = changed = True  # every arrival is one task again: every rule holds
+        expired: list[tuple[int, int]] = []
+        if progress:
+            while expiry and self._now_us - expiry[0][0] > OPEN_FOR_US:
+                expired.append(heapq.heappop(expiry))
+                self._stale.add(expired[-1][1])  # done: decided at this look
+            if final:
+                self._all_stale = True
         passes = 0
         while progress and self._unresolved:  # a task settled may settle another (claims, chains)
             progress = False
             passes += 1
-            cands: dict[int, tuple[int, ...]] = {}
             bounds = self._bounds
             if bounds is None:
                 bounds = self._bounds = _ClusterBounds(self._claimed, self._arrivals)
-            for task in sorted(self._unresolved):
+            if bounds is not self._stale_bounds or self._names_forgotten != self._stale_forgotten:
+                self._stale_bounds, self._stale_forgotten = bounds, self._names_forgotten
+                self._all_stale = True  # a claim moves every task's cluster bounds
+            # only the tasks whose candidates may have changed are looked at (see _stale)
+            if self._all_stale:
+                todo = sorted(self._unresolved)
+            else:
+                todo = sorted(self._stale & self._unresolved)
+            self._stale, self._all_stale = set(), False
+            raw = self._raw_cands
+            for task in todo:
                 j = bisect.bisect_left(ids, task)
                 free = self._candidates(task, j, j + suffix_min[j], bounds)
                 if free is None:  # more tasks than requests: something the join cannot see
                     self._settle(task, (UNCERTAIN, ""))
                     progress = True
                 else:
-                    cands[task] = free
+                    raw[task] = free
             if progress:
+                self._stale.update(todo)
                 continue  # the tasks left are looked at again without the one settled
-            if any(len({self._arrivals[k].name for k in free}) > 1 for free in cands.values()):
-                cands = self._feasible(cands)
+            # the window's all-different filtering, within its bounds (past them, as _feasible)
+            filtered = self._open_filtered
+            cands = raw
+            if len(raw) <= MAX_MATCH_TASKS:
+                cands = {t: raw[t] for t in sorted(raw)}
+                if any(len({self._arrivals[k].name for k in free}) > 1 for free in cands.values()):
+                    cands = self._feasible(cands)
+                self._open_filtered = cands is not raw and any(cands[t] is not raw[t] for t in cands)
+                filtered = filtered or self._open_filtered
+            else:
+                self._open_filtered = False
+            # with no filtering, only the tasks looked at can have other candidates than before
+            looked = sorted(cands) if filtered else todo
+            opened = self._open_cands
             # fewer candidates for one task may leave fewer names to the tasks of its chain
-            narrowed = passes < MAX_PASSES and any(self._open_cands.get(t) != c for t, c in cands.items())
-            self._open_cands = cands
-            progress = narrowed
+            narrowed = False
+            for task in looked:
+                free = cands[task]
+                before = opened.get(task)
+                if before is not free:
+                    if before != free:
+                        narrowed = True
+                    opened[task] = free
+                    self._names_changed(task)
+            progress = narrowed and passes < MAX_PASSES
             undecided = self._undecided
-            for task, free in cands.items():
+            for task in looked:
+                free = cands[task]
                 done = final or self._now_us - self._launched_us.get(task, 0) > OPEN_FOR_US
                 if not done and undecided.get(task) is free:
                     continue  # the very candidates that left it open at the last look
@@ -1119,11 +1226,53 @@ class HeaderJoin:
                     progress = True
                 elif not done:
                     undecided[task] = free
+        for entry in expired:
+            if self._launched_us.get(entry[1]) == entry[0]:
+                heapq.heappush(expiry, entry)  # still open: done at the next look
         if self._closed and changed:
             self._name_closed()
         if self.one_task_each:  # both count tasks as requests
             self._maybe_rebase()
             self._prune(suffix_min)
+        if _CHECK_LOOKS and self.one_task_each:
+            self._check_looks()
+
+    def _lower_suffix(self, i: int, term: int) -> None:
+        """ids[i]'s rank bound term fell to ``term``: the suffix minima from i down that it lowers,
+        and the tasks whose bounds they are looked at again."""
+        sm, ids = self._suffix_min, self._definite
+        assert sm is not None
+        while i >= 0 and sm[i] > term:
+            sm[i] = term
+            self._stale.add(ids[i])
+            i -= 1
+
+    def _check_looks(self) -> None:
+        """For tests (_CHECK_LOOKS): what the pass keeps of the tasks it did not look at again is
+        what a full look makes of them now: rank bounds, name limits, candidates."""
+        ids = self._definite
+        fresh = [0] * (len(ids) + 1)
+        best = 1 << 60
+        for i in range(len(ids) - 1, -1, -1):
+            best = min(best, self._last_owner[ids[i]] - i)
+            fresh[i] = best
+        assert self._suffix_min is None or self._suffix_min == fresh, "rank bounds"
+        for task in sorted(self._unresolved - self._names_stale):
+            look = self._candidates_seen.get(task)
+            if look is not None and look.names_key[1] == self._names_forgotten:
+                limits = self._name_limits(task, self._holds.get(task))
+                assert look.names_key[0] == limits, ("names", task, look.names_key[0], limits)
+        bounds = self._bounds
+        if self._all_stale or bounds is None or bounds is not self._stale_bounds or self._suffix_min is None:
+            return  # every task is looked at at the next pass
+        if self._names_forgotten != self._stale_forgotten:
+            return
+        for task in sorted(self._unresolved - self._stale):
+            j = bisect.bisect_left(ids, task)
+            seen = self._candidates_seen.get(task)
+            full = self._candidates(task, j, j + fresh[j], bounds)
+            assert full == self._raw_cands.get(task), (task, full, self._raw_cands.get(task))
+            assert seen is None or seen.free is full, task
 
     def _by_time(self, final: bool) -> None:
         """Where a request may have made several tasks, what arrival times alone prove: a task's
@@ -1299,6 +1448,10 @@ class HeaderJoin:
         self._undecided.pop(task, None)
         self._by_time_seen.pop(task, None)
         self._limits_seen.pop(task, None)
+        self._raw_cands.pop(task, None)
+        self._open_cands.pop(task, None)
+        self._reach_untried.discard(task)
+        self._names_stale.discard(task)
 
     def _settle(self, task: int, res: tuple[str, str]) -> None:
         self._launched_us.pop(task, None)
@@ -1306,6 +1459,7 @@ class HeaderJoin:
         self._unresolved.discard(task)
         if res == PARKED:
             self._parked.add(task)
+            self._names_changed(task)
         else:
             self._store(task, res)
 
@@ -1327,7 +1481,12 @@ class HeaderJoin:
         options = self._first_try.get(task, ((0, last, 0),))
         holds = self._holds.get(task)
         after = holds.after_us if holds is not None else -1  # after the answer its prompt holds existed
-        limits = self._name_limits(task, holds)
+        look = self._candidates_seen.get(task)
+        if look is not None and task not in self._names_stale and look.names_key[1] == self._names_forgotten:
+            limits = look.names_key[0]  # no name of its chain changed since (_names_changed)
+        else:
+            limits = self._name_limits(task, holds)
+            self._names_stale.discard(task)
         # requests of different clusters took their ids in arrival order: not before a cluster
         # whose request has a smaller id, nor after one whose request has a larger id
         lo_cluster, hi_cluster = bounds.around(task)
@@ -1338,8 +1497,11 @@ class HeaderJoin:
         own = (lo_cluster, hi_cluster, options, after)
         claims = bounds.claims_in(first, end)
         untried = min(self._untried_from, end + 1)
+        if untried <= end:  # tries marked later may change it
+            self._reach_untried.add(task)
+        else:
+            self._reach_untried.discard(task)
         names_key = (limits, self._names_forgotten)
-        look = self._candidates_seen.get(task)
         if look is None or look.own != own:
             pre = tuple(k for k in range(first, end + 1) if self._may_be(k, task, own))
         elif (look.first, look.end, look.claims, look.untried) == (first, end, claims, untried):
@@ -1354,7 +1516,7 @@ class HeaderJoin:
             todo = {k for k in changed if first <= k <= end}
             todo.update(range(first, min(end + 1, look.first)), range(max(first, look.end + 1), end + 1))
             pre = tuple(sorted(kept + [k for k in todo if self._may_be(k, task, own)]))
-        named = self._conversation_of(task, holds)
+        named = self._conversation_by(limits, holds)
         free = pre if named is None else tuple(k for k in pre if named(arrivals[k].name))
         if look is not None and free == look.free:
             free = look.free  # the same object: what was judged of it at the last look holds
@@ -1381,7 +1543,10 @@ class HeaderJoin:
         the names the task whose exchange its own prompt holds can carry, and, for each later
         prompt that holds this task's exchange and can carry none but names seen before that
         exchange existed, those names."""
-        limits = self._name_limits(task, holds)
+        return self._conversation_by(self._name_limits(task, holds), holds)
+
+    def _conversation_by(self, limits: _Limits, holds: Holds | None) -> Callable[[str], bool] | None:
+        """_conversation_of, given the task's name limits."""
         if limits is None:
             return None
         allowed, required = limits
@@ -1483,6 +1648,8 @@ class HeaderJoin:
             return cands
         for task, free in usable.items():
             if task in self._cands:
+                if self._cands[task] != free:
+                    self._names_changed(task)
                 self._cands[task] = free
                 if len(free) == 1:
                     self._claimed[free[0]] = task
@@ -1521,6 +1688,7 @@ class HeaderJoin:
     def _keep_candidates(self, task: int, free: tuple[int, ...]) -> None:
         if free and len(self._cands) < MAX_RESULTS:
             self._cands[task] = free
+            self._names_changed(task)
 
     def _pin_queue(self, task: int, candidates: list[int]) -> None:
         """The task's queue time, if the arrivals it can be (positions, in arrival order) came
@@ -1568,6 +1736,11 @@ class HeaderJoin:
         self._claimed = {i - k: t for i, t in self._claimed.items() if i >= k}
         self._candidates_seen = {}  # positions moved
         self._bounds = None
+        self._all_stale = True
+        self._suffix_min = None
+        self._raw_cands = {}
+        self._reach_untried = set()
+        self._holders_of = {o: kept for o, hs in self._holders_of.items() if (kept := [h for h in hs if h > top])}
         self._undecided = {}
         self._by_time_seen = {}
         self._names_seen = {}
