@@ -1102,7 +1102,13 @@ class HeaderJoin:
                 later = [m - 1 for m in sm[p : n - 1]]
                 term = self._last_owner[task] - p
                 sm[p : n - 1] = [min(term, later[0]) if later else term, *later]
-                self._stale.update(ids[p + 1 :])
+                # a later id's lower rank bound rose by one: its range starts at the start of
+                # that rank's cluster, the same unless the rank begins a cluster (or passes its end)
+                looks, clusters = self._candidates_seen, self._clusters
+                for i in range(p + 1, n):
+                    look = looks.get(ids[i])
+                    if look is None or i > look.end or clusters[i] != clusters[i - 1]:
+                        self._stale.add(ids[i])
                 self._lower_suffix(p - 1, sm[p])
             if self.aligned and dq.retry and len({fb for _, _, fb in options} & self._lone_tries.keys()) == 1:
                 self._one_task_if_alone(task)  # a retry of a burst's only try (a deferral)
@@ -1168,9 +1174,16 @@ class HeaderJoin:
             bounds = self._bounds
             if bounds is None:
                 bounds = self._bounds = _ClusterBounds(self._claimed, self._arrivals)
-            if bounds is not self._stale_bounds or self._names_forgotten != self._stale_forgotten:
-                self._stale_bounds, self._stale_forgotten = bounds, self._names_forgotten
-                self._all_stale = True  # a claim moves every task's cluster bounds
+            if self._names_forgotten != self._stale_forgotten:
+                self._stale_forgotten = self._names_forgotten
+                self._all_stale = True
+            if bounds is not self._stale_bounds:
+                moved = None if self._stale_bounds is None else self._claims_moved(self._stale_bounds, bounds)
+                self._stale_bounds = bounds
+                if moved is None:
+                    self._all_stale = True
+                else:
+                    self._stale.update(moved)
             # only the tasks whose candidates may have changed are looked at (see _stale)
             if self._all_stale:
                 todo = sorted(self._unresolved)
@@ -1237,14 +1250,53 @@ class HeaderJoin:
         if _CHECK_LOOKS and self.one_task_each:
             self._check_looks()
 
+    def _claims_moved(self, old: _ClusterBounds, new: _ClusterBounds) -> list[int] | None:
+        """The open tasks whose candidates claims added since ``old`` can change (None: any, when
+        a claim went): those whose last look's range holds a new claim, and those whose cluster
+        bounds it moves (a larger id whose latest smaller one was of an earlier cluster, a smaller
+        id whose earliest larger one was of a later cluster). Both bounds only move towards a
+        new claim's cluster, and each is monotonic in the task id: two ranges of ids."""
+        had = set(old.claims)
+        if len(had) > len(new.claims) or not had.issubset(new.claims):
+            return None
+        added = [(q, t) for q, t in new.claims if (q, t) not in had]
+        if not added:
+            return []
+        open_ids = sorted(self._unresolved)
+        looks = self._candidates_seen
+        at = sorted(q for q, _ in added)
+        moved: set[int] = set()
+        for task in open_ids:
+            look = looks.get(task)
+            if look is None or bisect.bisect_left(at, look.first) != bisect.bisect_right(at, look.end):
+                moved.add(task)  # a new claim within its range (or no look yet)
+        tasks, below, above = old.tasks, old.below, old.above
+        for q, t in added:
+            c = self._arrivals[q].cluster
+            # larger ids: below(x) = below[bisect_left(tasks, x)] rises to c where it was less
+            i = bisect.bisect_left(below, c, bisect.bisect_right(tasks, t))
+            top = tasks[i - 1] if i < len(below) else 1 << 62
+            moved.update(open_ids[bisect.bisect_right(open_ids, t) : bisect.bisect_right(open_ids, top)])
+            # smaller ids: above(x) = above[bisect_right(tasks, x)] falls to c where it was more
+            e = bisect.bisect_left(tasks, t)
+            i = bisect.bisect_right(above, c, 0, e + 1)
+            if i <= e:
+                bottom = tasks[i - 1] if i > 0 else -(1 << 62)
+                moved.update(open_ids[bisect.bisect_left(open_ids, bottom) : bisect.bisect_left(open_ids, t)])
+        return sorted(moved)
+
     def _lower_suffix(self, i: int, term: int) -> None:
         """ids[i]'s rank bound term fell to ``term``: the suffix minima from i down that it lowers,
         and the tasks whose bounds they are looked at again."""
-        sm, ids = self._suffix_min, self._definite
+        sm, ids, looks = self._suffix_min, self._definite, self._candidates_seen
         assert sm is not None
         while i >= 0 and sm[i] > term:
             sm[i] = term
-            self._stale.add(ids[i])
+            # its upper rank bound i + term: below where its last look's range ended, the range
+            # may end earlier (at or past it, the range is the same: _candidates)
+            look = looks.get(ids[i])
+            if look is None or i + term < look.end:
+                self._stale.add(ids[i])
             i -= 1
 
     def _check_looks(self) -> None:
@@ -1262,12 +1314,20 @@ class HeaderJoin:
             if look is not None and look.names_key[1] == self._names_forgotten:
                 limits = self._name_limits(task, self._holds.get(task))
                 assert look.names_key[0] == limits, ("names", task, look.names_key[0], limits)
-        bounds = self._bounds
-        if self._all_stale or bounds is None or bounds is not self._stale_bounds or self._suffix_min is None:
+        if self._all_stale or self._stale_bounds is None or self._suffix_min is None:
             return  # every task is looked at at the next pass
         if self._names_forgotten != self._stale_forgotten:
             return
-        for task in sorted(self._unresolved - self._stale):
+        bounds, unchanged = self._bounds, self._unresolved - self._stale
+        if bounds is None:  # claims came since: those _claims_moved leaves out must be the same
+            bounds = _ClusterBounds(self._claimed, self._arrivals)
+            moved = self._claims_moved(self._stale_bounds, bounds)
+            if moved is None:
+                return
+            unchanged -= set(moved)
+        elif bounds is not self._stale_bounds:
+            return
+        for task in sorted(unchanged):
             j = bisect.bisect_left(ids, task)
             seen = self._candidates_seen.get(task)
             full = self._candidates(task, j, j + fresh[j], bounds)
