@@ -282,3 +282,68 @@ def test_draft_acceptance_and_context_shift_lines(line: str, expected: p.Event) 
     # the same lines reworded (invented): a build that changes them is seen, not ignored
     reworded = line.replace("accepted /", "accepted of").replace("n_discard", "discarded")
     assert isinstance(p.parse_line(reworded).event, p.Unrecognized)
+
+
+def _listing_messages() -> list[str]:
+    """The message of every RAM-cache entry and candidate line of every recorded text log."""
+    out = []
+    for log in sorted(LOGS.rglob("*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith("{"):
+                continue  # JSONL: the message is a JSON string
+            at = line.find(":    - prompt ")
+            if at >= 0:
+                out.append(line[at + 2 :])
+    return out
+
+
+# invented (edge cases of the regular expressions' forms, not lines a server printed)
+_INVENTED_LISTINGS = [
+    "   - prompt (nil):     523 tokens, checkpoints:  0,     0.262 MiB",
+    "   - prompt entry_1:     523 tokens, checkpoints:  0,     0.262 MiB",
+    "   - prompt 0x5:523 tokens, checkpoints:  0,     0.262 MiB",
+    "   - prompt 0x5:     523 tokens, checkpoints:0,     0.262 MiB",
+    "   - prompt 0x5:     523 tokens, checkpoints:  0,0.262 MiB",
+    "   - prompt 0x5:     523 tokens, checkpoints:  0,     0. MiB",
+    "   - prompt 0x5:     523 tokens, checkpoints:  0,     -1 MiB",
+    "   - prompt 0x5:     5\u0663 tokens, checkpoints:  0,     1.5 MiB",
+    "   - prompt 0x5:     523 tokens, checkpoints:  0,     1.\u0665 MiB",
+    "   - prompt 0x5:     523 tokens, checkpoints:  0,     1.5 MiB and more",
+    "   - prompt 0x5:     523 tokens, checkpoints:  0,     1.5 GiB, 2 MiB",
+    "   - prompt with length 5, lcp = -1, f_keep = -1.000, f_sim = 0.5",
+    "   - prompt with length 5, lcp = 1, f_keep = 1.0.0, f_sim = 0.5\u0663",
+    "   - prompt with length 5, lcp =1, f_keep = 1, f_sim = 1",
+    "   - prompt with length 5, lcp = -, f_keep = 1, f_sim = 1",
+    "   - prompt with length5, lcp = 1, f_keep = 1, f_sim = 1",
+    "   - prompt with length 5, lcp = 1, f_keep = , f_sim = 1",
+    "   - prompt with length 5, lcp = 1, f_keep = 1, f_sim = x",
+]
+
+
+def _by_regular_expression(msg: str) -> p.Event | None:
+    if msg.startswith("   - prompt with length"):
+        m = p._RE_CANDIDATE.match(msg)
+        return None if m is None else p.CacheCandidate(int(m[1]), int(m[2]), m[3], m[4])
+    m = p._RE_ENTRY.match(msg)
+    return None if m is None else p.CacheEntryListed(m[1], int(m[2]), float(m[4]), int(m[3]))
+
+
+def _by_character(msg: str) -> p.Event | None:
+    if msg.startswith("   - prompt with length"):
+        return p._cache_candidate(msg)
+    return p._cache_entry_listed(msg)
+
+
+@pytest.mark.parametrize("msg", _INVENTED_LISTINGS)
+def test_an_unusual_listing_is_left_to_the_regular_expression_or_read_the_same(msg: str) -> None:
+    fast = _by_character(msg)
+    assert fast is None or fast == _by_regular_expression(msg)
+
+
+def test_every_recorded_listing_read_by_character_is_what_the_regular_expression_reads() -> None:
+    """The RAM cache's listings are read by character where they have their usual form (most of
+    a many-slot server's lines), else by the regular expression: every entry and candidate line
+    of every recorded log is read by character, to the event the expression gives."""
+    msgs = sorted(set(_listing_messages()))
+    assert len(msgs) > 100
+    assert [_by_character(m) for m in msgs] == [_by_regular_expression(m) for m in msgs]
