@@ -934,62 +934,6 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
     return UNRECOGNIZED
 
 
-# The RAM cache's listings (a line per entry at each update, per candidate at each lookup) are
-# most of a many-slot server's log: their usual form is read by splitting at its fixed words
-# (string methods: a few machine instructions a character, compiled or not); any other form
-# goes to the regular expression, which decides (tests/test_parse.py holds the two to the same
-# events, line for line).
-_NUMBER_CHARS: Final = "-0123456789."
-
-
-def _cache_entry_listed(msg: str) -> CacheEntryListed | None:
-    """``   - prompt 0x55d6ed7b0e60:     523 tokens, checkpoints:  0,     0.262 MiB`` as
-    _RE_ENTRY reads it; None for any other form."""
-    entry, _, rest = msg[12:].partition(":")
-    if not (entry.isascii() and entry.isalnum()) or rest[:1] != " ":
-        return None
-    n, _, rest = rest.lstrip(" ").partition(" tokens, checkpoints:")
-    if not _is_digits(n) or rest[:1] != " ":
-        return None
-    checkpoints, _, rest = rest.lstrip(" ").partition(",")
-    if not _is_digits(checkpoints) or rest[:1] != " ":
-        return None
-    mib, found, _ = rest.lstrip(" ").partition(" MiB")
-    if not found or not _is_decimal(mib):
-        return None
-    return CacheEntryListed(entry, int(n), float(mib), int(checkpoints))
-
-
-def _cache_candidate(msg: str) -> CacheCandidate | None:
-    """``   - prompt with length     523, lcp =      14, f_keep = 0.027, f_sim = 0.038`` as
-    _RE_CANDIDATE reads it; None for any other form."""
-    rest = msg[23:]
-    if rest[:1] != " ":
-        return None
-    n, _, rest = rest.lstrip(" ").partition(", lcp =")
-    if not _is_digits(n) or rest[:1] != " ":
-        return None
-    lcp, _, rest = rest.lstrip(" ").partition(", f_keep = ")
-    if not _is_digits(lcp[1:] if lcp[:1] == "-" else lcp):
-        return None
-    f_keep, _, f_sim = rest.partition(", f_sim = ")
-    if not (f_keep and f_sim and f_keep.isascii() and f_sim.isascii()):
-        return None
-    if f_keep.strip(_NUMBER_CHARS) or f_sim.strip(_NUMBER_CHARS):
-        return None  # another character within: the regular expression reads it
-    return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
-
-
-def _is_digits(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
-def _is_decimal(text: str) -> bool:
-    """``-?\\d+(?:\\.\\d+)?`` in ASCII digits."""
-    whole, dot, part = (text[1:] if text[:1] == "-" else text).partition(".")
-    return _is_digits(whole) and (not dot or _is_digits(part))
-
-
 def _srv_event(msg: str) -> Event:
     n: str  # the regex groups, typed (see _slot_event)
     lcp: str
@@ -1003,17 +947,11 @@ def _srv_event(msg: str) -> Event:
     # slot whose selection (or idle save) started it.
     if msg.startswith(" - ") or msg.startswith("   - "):
         if msg.startswith("   - prompt with length"):
-            candidate = _cache_candidate(msg)
-            if candidate is not None:
-                return candidate
             m = _RE_CANDIDATE.match(msg)
             if m:
                 n, lcp, f_keep, f_sim = m.group(1, 2, 3, 4)
                 return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
         elif msg.startswith("   - prompt "):
-            listed = _cache_entry_listed(msg)
-            if listed is not None:
-                return listed
             m = _RE_ENTRY.match(msg)
             if m:
                 entry, n, checkpoints, mib = m.group(1, 2, 3, 4)
