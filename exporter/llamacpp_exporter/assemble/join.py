@@ -1387,8 +1387,9 @@ class HeaderJoin:
                     limits = self._name_limits(task, holds)
                     self._by_time_names_stale.discard(task)
                 key = (lo, hi, limits, self._sharing_changes, self._names_forgotten)
+                names: frozenset[str]
                 if seen is not None and seen[0] == key:
-                    free, names = seen[1], set(seen[2])
+                    free, names = seen[1], seen[2]
                 else:
                     named = self._conversation_of(task, holds)
                     free = tuple(
@@ -1398,8 +1399,8 @@ class HeaderJoin:
                         and self._may_share(k, task)
                         and (named is None or named(arrivals[k].name))
                     )
-                    names = {arrivals[k].name for k in free}
-                    self._by_time_seen[task] = (key, free, frozenset(names))
+                    names = frozenset(arrivals[k].name for k in free)
+                    self._by_time_seen[task] = (key, free, names)
                 if len(free) == 1:  # its request: every id of it was taken before this launch
                     self._settled_by(free[0], launched)
                     if free[0] not in self._owned:
@@ -1409,7 +1410,7 @@ class HeaderJoin:
                 if len(names) == 1:
                     self._pin_queue(task, list(free))
                     self._keep_candidates(task, free)
-                    name = names.pop()
+                    (name,) = names
                     self._settle(task, (HEADER, name) if name else (NONE, ""))
                     progress = True  # a name may narrow its chain's
                 elif not free:  # no arrival at all: a task the join cannot account for
