@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -111,7 +112,7 @@ def pct(values: list[float], q: float) -> float:
 
 def check(events: Path, truths: list[dict[str, Any]], ps: Pseudonymizer) -> dict[str, int]:
     recs, _ = read_events([str(events)])
-    c = dict.fromkeys(("exact", "not exact", "no record", "lora right", "lora unknown", "lora wrong"), 0)
+    c = dict.fromkeys(("exact", "not exact", "no record", "two records", "lora right", "lora unknown", "lora wrong"), 0)
     c.update(dict.fromkeys(("named right", "uncertain", "named wrong"), 0))
     for t in truths:
         cands = [
@@ -124,7 +125,7 @@ def check(events: Path, truths: list[dict[str, Any]], ps: Pseudonymizer) -> dict
             and r.generated_tokens == t["predicted_n"]
         ]
         if len(cands) != 1:
-            c["no record"] += 1
+            c["no record" if not cands else "two records"] += 1  # two: same times and tokens, by chance
             continue
         r = cands[0]
         exact = (r.prompt_tokens, r.reused_tokens) == (t["cache_n"] + t["prompt_n"], t["cache_n"])
@@ -189,8 +190,20 @@ def main() -> int:
                 "the records in the events file",
                 60,
             )
-            time.sleep(6.0)  # the last late proofs
+            # the last records (a record waits for the join up to its deadline) and late proofs
+            last, still = -1, 0
+            while still < 3:
+                time.sleep(2.0)
+                n = len(read_events([str(d / "events.jsonl")])[0])
+                still, last = (still + 1, last) if n == last else (0, n)
             counts = check(d / "events.jsonl", truths, Pseudonymizer(salt))
+            if counts["no record"] or counts["not exact"]:  # kept to be read again (analyze)
+                keep = Path.home() / ".cache" / "llamacpp-exporter" / "many-slots-live"
+                keep.mkdir(parents=True, exist_ok=True)
+                shutil.copy(server.log_path, keep / f"np{args.slots}.log")
+                shutil.copy(d / "events.jsonl", keep / f"np{args.slots}.events.jsonl")
+                (keep / f"np{args.slots}.truth.jsonl").write_text("".join(json.dumps(t) + "\n" for t in truths))
+                print(f"kept the log, the events and the responses in {keep}")
             # what this benchmark's own scrapes cost the exporter (Prometheus scrapes every 15 s,
             # not 5 times a second): the CPU of 50 scrapes of the idle exporter, one each
             assert exporter.proc is not None
