@@ -185,6 +185,7 @@ MAX_MATCH_EDGES: Final = 4_000
 MAX_MATCH_TASKS: Final = 128
 _CHECK_LOOKS = False  # tests: compare each pass with a full look at every open task
 LOOK_FAILURES: list[str] = []  # what those comparisons found (tests)
+LOOKS_CHECKED: list[int] = []  # the open tasks at each comparison (tests)
 MAX_PASSES: Final = 16  # looks at the open tasks per line, while a chain narrows another's candidates
 # A task's queue time (its request's arrival to its launch) is given when the arrivals it can be
 # came within this of each other: the midpoint is then at most half of it off.
@@ -1264,6 +1265,7 @@ class HeaderJoin:
             self._maybe_rebase()
             self._prune(suffix_min)
         if _CHECK_LOOKS and self.one_task_each:
+            LOOKS_CHECKED.append(len(self._unresolved))
             try:
                 self._check_looks()
             except AssertionError as e:  # the pipeline would count it and go on: kept for the test
