@@ -32,6 +32,7 @@ COMPILED = [
     "assemble/draft",
     "assemble/finish",
     "assemble/join",
+    "assemble/join_solver",
     "assemble/logclock",
     "assemble/lora",
     "assemble/promptcache",

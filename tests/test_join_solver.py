@@ -61,7 +61,7 @@ def test_tasks_that_may_be_one_request_share_an_arrival() -> None:
     # the same when the tasks may be one request's (a /completion with several prompts): no
     # arrival is left to anyone
     got = solve({1: (0, 1), 2: (0, 1), 3: (0, 1, 2)}, ["a", "b", "c"], share=True)
-    assert got is not None and got[3] == {"a", "b", "c"}
+    assert got is not None and len(got[3]) > 1  # not named: a, b or c
 
 
 def test_a_name_ruled_out_by_an_owner_outside_the_window() -> None:
@@ -79,7 +79,30 @@ def test_a_search_out_of_budget_leaves_every_name_possible() -> None:
     cands = {t: tuple(range(12)) for t in range(12)}
     names = [f"n{k}" for k in range(12)]
     got = solve(cands, names, targets={0}, budget=5)
-    assert got is not None and got[0] == set(names)
+    assert got is not None and len(got[0]) > 1  # not named
+
+
+def test_tasks_that_may_share_with_none_need_an_arrival_each() -> None:
+    # nine tasks (0-8) that may share an arrival with no other, eight arrivals named a for them
+    # all, and a ninth (b) only task 0 can be; two more tasks (20, 21) may be one request's. Task
+    # 0 is b: the eight others fill the a's. Shown by counting, not by trying every order of the
+    # eight (40,320, past the budget: the search before this counted only where no task may share)
+    cands: dict[int, tuple[int, ...]] = {t: tuple(range(8)) for t in range(1, 9)}
+    cands[0] = tuple(range(9))
+    cands[20] = cands[21] = (9, 10)
+    names = ["a"] * 8 + ["b", "c", "c"]
+    share = {(20, 21), (21, 20)}
+    got = names_by_assignment(
+        cands, names, lambda a, b: (a, b) in share, [], new_since, lambda t: None, {0, 20}, 100_000, None
+    )
+    assert got == {0: {"b"}, 20: {"c"}}
+
+
+def test_a_task_with_two_names_possible_is_not_searched_further() -> None:
+    # each task can be any of six arrivals with six names: two seen are all a caller needs
+    cands = {t: tuple(range(6)) for t in range(6)}
+    got = solve(cands, [f"n{k}" for k in range(6)])
+    assert got is not None and all(2 <= len(v) < 6 for v in got.values())
 
 
 def test_only_the_tasks_asked_about_are_answered() -> None:

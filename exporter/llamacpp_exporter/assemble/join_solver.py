@@ -18,7 +18,14 @@ it. A task with one name left is named; nothing is assumed beyond the rules the 
   a cluster took its ids before the next cluster's first arrived, join.py): a task with a
   smaller id than another is not the request of an arrival of a later cluster than the other's.
 
-Bounded: the search stops after ``budget`` steps, and then nothing is narrowed by it.
+Only whether a task is left one name matters to the join, so a task's search stops once two of
+its names are possible. The search narrows the arrivals left to every task at each placement
+(forward checking), counts the tasks that may share with no other against their arrivals (a
+matching), and tries one of each set of arrivals alike in every respect that matters (swapping
+two such arrivals maps one branch onto the other).
+
+Bounded: the search stops after ``budget`` steps (an arrival looked at), and then nothing is
+narrowed by it.
 Pure: no I/O, no clock.
 """
 
@@ -28,8 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-BUDGET: Final = 100_000  # placements tried per call; past it every name not ruled out stays possible
-PER_NAME: Final = 5_000  # placements tried to rule one name in or out for one task
+BUDGET: Final = 100_000  # arrivals looked at per call; past it every name not ruled out stays possible
+PER_NAME: Final = 5_000  # arrivals looked at to rule one name in or out for one task
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +65,7 @@ def names_by_assignment(
     clusters: Sequence[int] | None = None,
 ) -> dict[int, set[str]] | None:
     """Per task of ``targets``, the names it carries in at least one assignment of every task to
-    an arrival (positions in ``names``); only the tasks linked to a target (by a shared candidate
+    an arrival (positions in ``names``): all of them, or at least two when it has more; only the tasks linked to a target (by a shared candidate
     or a link) are searched. ``may_share``: whether two tasks may be one request's (None: never);
     ``new_since(name, t)``: the name was first seen at or after t (or is empty); ``outside(task)``:
     the names an owner outside ``cands`` can carry (None: any); ``clusters``: per arrival, its
@@ -167,99 +174,225 @@ def _solve(
     clusters: Sequence[int] | None,
     steps: list[int],
 ) -> dict[int, set[str]] | None:
-    seen: dict[int, set[str]] = {t: set() for t in tasks}
-    assigned: dict[int, int] = {}
-    users: dict[int, list[int]] = {}
-
-    def link_ok(link: Link) -> bool:
-        """False only when every task of the link is placed and the rule fails."""
-        if link.holder not in assigned:
-            return True
-        name = names[assigned[link.holder]]
-        if not name or new_since(name, link.after_us):
-            return True
-        for o in link.owners:
-            if o in cands:
-                if o not in assigned:
-                    return True
-                if names[assigned[o]] == name:
-                    return True
-            else:
-                known = outside(o)
-                if known is None or name in known:
-                    return True
-        return False
-
-    def fits(task: int, k: int) -> bool:
-        steps[0] -= 1
-        if steps[0] < 0:
-            raise _OutOfBudget
-        for other in users.get(k, ()):
-            if may_share is None or not may_share(task, other):
-                return False
-        if clusters is not None:
-            c = clusters[k]
-            for other, at in assigned.items():
-                if (clusters[at] > c) if other < task else (clusters[at] < c):
-                    return False
-        assigned[task] = k
-        ok = all(link_ok(li) for li in by_holder.get(task, ())) and all(link_ok(li) for li in by_owner.get(task, ()))
-        del assigned[task]
-        return ok
-
-    def search(order: list[int], domains: dict[int, tuple[int, ...]]) -> bool:
-        if len(assigned) == len(order):
-            for t, k in assigned.items():
-                seen[t].add(names[k])
-            return True
-        # the unplaced task with the fewest arrivals left first
-        best, best_free = None, None
-        left: dict[int, list[int]] = {}
-        for t in order:
-            if t in assigned:
-                continue
-            free = [k for k in domains[t] if fits(t, k)]
-            if not free:
-                return False
-            left[t] = free
-            if best_free is None or len(free) < len(best_free):
-                best, best_free = t, free
-        assert best is not None and best_free is not None
-        if may_share is None and not _matching_exists(left):
-            return False  # more tasks than arrivals for them: no way on from here
-        for k in best_free:
-            assigned[best] = k
-            users.setdefault(k, []).append(best)
-            found = search(order, domains)
-            users[k].pop()
-            del assigned[best]
-            if found:
-                return True
-        return False
-
+    """Per task of ``asked`` (all in ``tasks``, one component), its names: every name it carries
+    in some assignment, or at least two of them (which is all a caller can act on: a task with
+    two names possible is not named). None when no assignment exists."""
+    search = _Search(tasks, cands, names, may_share, by_holder, new_since, outside, clusters, steps)
     unsure: dict[int, set[str]] = {t: set() for t in asked}  # searches that ran out of budget
     for task in asked:
+        seen = search.seen[task]
         for name in sorted({names[k] for k in cands[task]}):
-            if name in seen[task]:
+            if len(seen) + len(unsure[task]) > 1:
+                break  # two names possible: not named by this window, whatever the rest
+            if name in seen:
                 continue
             if steps[1] <= 0:
                 unsure[task].add(name)
                 continue
-            domains = dict(cands)
-            domains[task] = tuple(k for k in cands[task] if names[k] == name)
             steps[0] = min(PER_NAME, steps[1])
             try:
-                search(tasks, domains)
+                search.run(task, name)
             except _OutOfBudget:
                 unsure[task].add(name)
-                assigned.clear()
-                users.clear()
             finally:
                 steps[1] -= min(PER_NAME, steps[1]) - max(steps[0], 0)
-    out = {t: seen[t] | unsure[t] for t in asked}
+    out = {t: search.seen[t] | unsure[t] for t in asked}
     if any(not s for s in out.values()):
         return None  # no assignment at all: a rule did not hold here
     return out
+
+
+class _Search:
+    """Depth-first search over one component's assignments. Each placement narrows the arrivals
+    left to every unplaced task by the rules it touches (forward checking), so a step is one
+    arrival looked at; a task whose arrivals a placement cannot touch keeps its list at the cost
+    of one step."""
+
+    def __init__(
+        self,
+        tasks: list[int],
+        cands: dict[int, tuple[int, ...]],
+        names: Sequence[str],
+        may_share: Callable[[int, int], bool] | None,
+        by_holder: dict[int, list[Link]],
+        new_since: Callable[[str, int], bool],
+        outside: Callable[[int], set[str] | None],
+        clusters: Sequence[int] | None,
+        steps: list[int],
+    ) -> None:
+        self.tasks = tasks
+        self.cands = cands
+        self.names = names
+        self.new_since = new_since
+        self.clusters = clusters
+        self.steps = steps
+        self.by_holder = by_holder
+        self.seen: dict[int, set[str]] = {t: set() for t in tasks}
+        self.assigned: dict[int, int] = {}
+        self.users: dict[int, list[int]] = {}
+        # the tasks each may share an arrival with (asked once: the rule is costly to ask)
+        self.partners: dict[int, frozenset[int]] = {
+            t: frozenset(o for o in tasks if o != t and may_share is not None and may_share(t, o)) for t in tasks
+        }
+        self.known_outside: dict[int, set[str] | None] = {}  # an owner outside the window: its names
+        self.between: dict[tuple[int, int], list[Link]] = {}  # (task, other task): the links both are in
+        for links in by_holder.values():
+            for link in links:
+                for o in link.owners:
+                    if o not in cands and o not in self.known_outside:
+                        self.known_outside[o] = outside(o)
+                members = [link.holder, *(o for o in link.owners if o in cands)]
+                for a in members:
+                    for b in members:
+                        if a != b:
+                            self.between.setdefault((a, b), []).append(link)
+        self.takers: dict[int, set[int]] = {}  # arrival -> the tasks whose search domain holds it
+        self.alike: dict[int, tuple[str, int, tuple[int, ...]]] = {}
+
+    def run(self, task: int, name: str) -> bool:
+        """Search for an assignment giving ``task`` ``name``; every assignment found adds each
+        task's name to ``seen``."""
+        domains = dict(self.cands)
+        domains[task] = tuple(k for k in self.cands[task] if self.names[k] == name)
+        self.takers = {}
+        for t in self.tasks:
+            for k in domains[t]:
+                self.takers.setdefault(k, set()).add(t)
+        self.alike = {
+            k: (self.names[k], self.clusters[k] if self.clusters is not None else 0, tuple(sorted(ts)))
+            for k, ts in self.takers.items()
+        }
+        self.assigned.clear()
+        self.users.clear()
+        dom: dict[int, list[int]] = {}
+        for t in self.tasks:
+            free = self._first_free(t, domains[t])
+            if not free:
+                return False
+            dom[t] = free
+        return self._search(dom, {t: self._span(free) for t, free in dom.items()})
+
+    def _step(self) -> None:
+        self.steps[0] -= 1
+        if self.steps[0] < 0:
+            raise _OutOfBudget
+
+    def _span(self, free: list[int]) -> tuple[int, int]:
+        """The earliest and latest cluster of these arrivals (0, 0 when none is known)."""
+        if self.clusters is None:
+            return 0, 0
+        cs = [self.clusters[k] for k in free]
+        return min(cs), max(cs)
+
+    def _link_ok(self, link: Link) -> bool:
+        """False only when every task of the link is placed and the rule fails."""
+        assigned = self.assigned
+        if link.holder not in assigned:
+            return True
+        name = self.names[assigned[link.holder]]
+        if not name or self.new_since(name, link.after_us):
+            return True
+        for o in link.owners:
+            if o in self.cands:
+                if o not in assigned:
+                    return True
+                if self.names[assigned[o]] == name:
+                    return True
+            else:
+                known = self.known_outside[o]
+                if known is None or name in known:
+                    return True
+        return False
+
+    def _fits(self, task: int, k: int, links: list[Link]) -> bool:
+        self.assigned[task] = k
+        ok = all(self._link_ok(li) for li in links)
+        del self.assigned[task]
+        return ok
+
+    def _first_free(self, task: int, domain: tuple[int, ...]) -> list[int]:
+        """The arrivals of ``domain`` the task can take with nothing placed: those its own
+        links (to owners outside the window) allow."""
+        holds = self.by_holder.get(task, [])
+        out: list[int] = []
+        for k in domain:
+            self._step()
+            if not holds or self._fits(task, k, holds):
+                out.append(k)
+        return out
+
+    def _narrowed(
+        self, placed: int, k: int, dom: dict[int, list[int]], spans: dict[int, tuple[int, int]]
+    ) -> tuple[dict[int, list[int]], dict[int, tuple[int, int]]] | None:
+        """Every other unplaced task's arrivals, less those ``placed`` taking k rules out: k
+        itself (unless the two may share it), arrivals of clusters out of id order with k's,
+        those a link between the two forbids. None when a task is left with none."""
+        clusters = self.clusters
+        c = clusters[k] if clusters is not None else 0
+        takers = self.takers[k]
+        partners = self.partners[placed]
+        out: dict[int, list[int]] = {}
+        out_spans: dict[int, tuple[int, int]] = {}
+        for u, free in dom.items():
+            if u == placed:
+                continue
+            self._step()
+            shared = u not in takers or u in partners
+            later = u > placed
+            low, high = spans[u]
+            in_order = clusters is None or ((low >= c) if later else (high <= c))
+            links = self.between.get((u, placed))
+            if shared and in_order and not links:
+                out[u] = free
+                out_spans[u] = spans[u]
+                continue
+            keep: list[int] = []
+            for k2 in free:
+                self._step()
+                if k2 == k and not shared:
+                    continue
+                if clusters is not None and ((clusters[k2] < c) if later else (clusters[k2] > c)):
+                    continue
+                if links and not self._fits(u, k2, links):
+                    continue
+                keep.append(k2)
+            if not keep:
+                return None
+            out[u] = keep
+            out_spans[u] = self._span(keep)
+        return out, out_spans
+
+    def _search(self, dom: dict[int, list[int]], spans: dict[int, tuple[int, int]]) -> bool:
+        if not dom:
+            for t, k in self.assigned.items():
+                self.seen[t].add(self.names[k])
+            return True
+        by_size = sorted(dom, key=lambda t: len(dom[t]))
+        # tasks none of which may share with another need an arrival each
+        apart: dict[int, list[int]] = {}
+        for t in by_size:
+            if not self.partners[t] & apart.keys():
+                apart[t] = dom[t]
+        if not _matching_exists(apart):
+            return False  # more tasks than arrivals for them: no way on from here
+        best = by_size[0]  # the task with the fewest arrivals left first
+        tried: set[tuple[tuple[str, int, tuple[int, ...]], tuple[int, ...]]] = set()
+        for k in dom[best]:
+            # an arrival like one tried (same name, cluster, tasks that can take it and tasks on
+            # it) leads where that one led: swapping the two maps one search onto the other
+            like = (self.alike[k], tuple(self.users.get(k, [])))
+            if like in tried:
+                continue
+            tried.add(like)
+            self.assigned[best] = k
+            self.users.setdefault(k, []).append(best)
+            rest = self._narrowed(best, k, dom, spans)
+            found = rest is not None and self._search(rest[0], rest[1])
+            self.users[k].pop()
+            del self.assigned[best]
+            if found:
+                return True
+        return False
 
 
 def _matching_exists(left: dict[int, list[int]]) -> bool:
