@@ -108,7 +108,7 @@ SOURCE_ONLY = " and ".join(
 def test_the_compiled_package_passes_the_parser_assembler_events_and_golden_tests(compiled_dir: Path) -> None:
     tests = ["test_parse.py", "test_fuzz.py", "test_assemble.py", "test_golden.py", "test_join.py", "test_parts.py"]
     tests += ["test_events_file.py", "test_analyze.py", "test_analyze_store.py", "test_exposition.py"]
-    tests += ["test_many_slots.py"]
+    tests += ["test_many_slots.py", "test_join_solver.py"]
     env = dict(os.environ, PYTHONPATH=str(compiled_dir))
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "fast", "-k", SOURCE_ONLY, *tests],

@@ -371,7 +371,7 @@ class _Search:
         # tasks none of which may share with another need an arrival each
         apart: dict[int, list[int]] = {}
         for t in by_size:
-            if not self.partners[t] & apart.keys():
+            if self.partners[t].isdisjoint(apart):
                 apart[t] = dom[t]
         if not _matching_exists(apart):
             return False  # more tasks than arrivals for them: no way on from here
