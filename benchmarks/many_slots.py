@@ -53,9 +53,11 @@ def lora_state(mode: int) -> str:
     return "none" if mode == 1 else "active"
 
 
-def workload(url: str, slots: int, seed: int, stop_impatient: threading.Event) -> tuple[list[dict[str, Any]], int]:
-    """3 conversations a slot, unsynchronised, and impatient clients beside them. Returns each
-    answered request's truth and how many clients gave up."""
+def workload(
+    url: str, slots: int, seed: int, stop_impatient: threading.Event, per_slot: int = 3
+) -> tuple[list[dict[str, Any]], int]:
+    """``per_slot`` conversations a slot, unsynchronised, and impatient clients beside them.
+    Returns each answered request's truth and how many clients gave up."""
     out: list[dict[str, Any]] = []
     lock = threading.Lock()
     errors: list[BaseException] = []
@@ -117,7 +119,7 @@ def workload(url: str, slots: int, seed: int, stop_impatient: threading.Event) -
                 with lock:
                     gave_up[0] += 1
 
-    convs = [threading.Thread(target=conversation, args=(i,)) for i in range(3 * slots)]
+    convs = [threading.Thread(target=conversation, args=(i,)) for i in range(per_slot * slots)]
     side = [threading.Thread(target=impatient, args=(k,)) for k in range(min(2, max(1, slots // 8)))]
     for t in [*convs, *side]:
         t.start()
@@ -145,17 +147,18 @@ def server_for(slots: int, workdir: Path) -> LlamaServer:
     )
 
 
-def record(slots: int, seed: int = 55) -> tuple[Path, Path]:
+def record(slots: int, seed: int = 55, per_slot: int = 3) -> tuple[Path, Path]:
     """The run's log and truth, recorded once (cached)."""
     RUNS_DIR.mkdir(parents=True, exist_ok=True)
-    log, truth = RUNS_DIR / f"np{slots}.log", RUNS_DIR / f"np{slots}.truth.jsonl"
+    name = f"np{slots}" if per_slot == 3 else f"np{slots}x{per_slot}"
+    log, truth = RUNS_DIR / f"{name}.log", RUNS_DIR / f"{name}.truth.jsonl"
     if log.exists() and truth.exists():
         return log, truth
     with tempfile.TemporaryDirectory() as tmp:
         server = server_for(slots, Path(tmp)).start(timeout=120)
         try:
             t0 = time.monotonic()
-            truths, gave_up = workload(server.url, slots, seed, threading.Event())
+            truths, gave_up = workload(server.url, slots, seed, threading.Event(), per_slot)
             took = time.monotonic() - t0
             time.sleep(1.0)  # the last releases written
         finally:

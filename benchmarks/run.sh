@@ -27,6 +27,7 @@ echo "== replay of each recorded log"; .venv/bin/python benchmarks/replay_throug
 echo "== /metrics while the pipeline replays"; .venv/bin/python benchmarks/scrape_under_load.py
 echo "== many slots: the cost per line at 4, 16, 64 and 128 slots of a real server"; .venv/bin/python benchmarks/many_slots.py --compiled
 echo "== many slots live: the exporter following a real 64-slot server"; .venv/bin/python benchmarks/many_slots_live.py
+echo "== many slots, memory: 128 slots, 512 conversations, read as one long run"; .venv/bin/python benchmarks/many_slots_memory.py --compiled
 echo "== what the conversation join names on every recorded run"; .venv/bin/python benchmarks/join_coverage.py
 echo "== sending each request's trace: the hot path with traces off and on"; .venv/bin/python benchmarks/tracing_cost.py
 echo "== a compressed day: restarts, kills, rotation, a LoRA scale change (20 minutes)"; .venv/bin/python benchmarks/compressed_day.py
