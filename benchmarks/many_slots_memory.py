@@ -175,7 +175,11 @@ def main() -> int:
         f"as one run with new conversation ids each time; the reading process's RSS after each copy (MiB)\n"
     )
     rows = {name: run(log, args.copies, path) for name, path in builds.items()}
-    print("| build | at start | " + " | ".join(f"after copy {k}" for k in range(1, args.copies + 1)) + " | highest | records | lines |")
+    print(
+        "| build | at start | "
+        + " | ".join(f"after copy {k}" for k in range(1, args.copies + 1))
+        + " | highest | records | lines |"
+    )
     print("|---|---|" + "---|" * args.copies + "---|---|---|")
     for name, got in rows.items():
         highest = max(r["rss"] for r in got)
