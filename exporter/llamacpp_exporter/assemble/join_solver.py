@@ -65,12 +65,13 @@ def names_by_assignment(
     clusters: Sequence[int] | None = None,
 ) -> dict[int, set[str]] | None:
     """Per task of ``targets``, the names it carries in at least one assignment of every task to
-    an arrival (positions in ``names``): all of them, or at least two when it has more; only the tasks linked to a target (by a shared candidate
-    or a link) are searched. ``may_share``: whether two tasks may be one request's (None: never);
-    ``new_since(name, t)``: the name was first seen at or after t (or is empty); ``outside(task)``:
-    the names an owner outside ``cands`` can carry (None: any); ``clusters``: per arrival, its
-    cluster (None: no id order is known). None when there is no assignment at all (a rule did
-    not hold: judge nothing by it). A name whose search ran out of budget stays possible."""
+    an arrival (positions in ``names``): all of them, or at least two when it has more. Only the
+    tasks linked to a target (by a shared candidate or a link) are searched. ``may_share``:
+    whether two tasks may be one request's (None: never); ``new_since(name, t)``: the name was
+    first seen at or after t (or is empty); ``outside(task)``: the names an owner outside
+    ``cands`` can carry (None: any); ``clusters``: per arrival, its cluster (None: no id order is
+    known). None when there is no assignment at all (a rule did not hold: judge nothing by it).
+    A name whose search ran out of budget stays possible."""
     if clusters is not None:
         bounded = _in_id_order(cands, clusters)
         if bounded is None:
@@ -78,21 +79,15 @@ def names_by_assignment(
         cands = bounded
     steps = [0, budget]  # left for this search, left for the call
     by_holder: dict[int, list[Link]] = {}
-    by_owner: dict[int, list[Link]] = {}
     for link in links:
         if link.holder in cands:
             by_holder.setdefault(link.holder, []).append(link)
-            for o in link.owners:
-                if o in cands:
-                    by_owner.setdefault(o, []).append(link)
     out: dict[int, set[str]] = {}
     for component in _components(cands, links):
         asked = [t for t in component if t in targets]
         if not asked:
             continue
-        seen = _solve(
-            component, asked, cands, names, may_share, by_holder, by_owner, new_since, outside, clusters, steps
-        )
+        seen = _solve(component, asked, cands, names, may_share, by_holder, new_since, outside, clusters, steps)
         if seen is None:
             return None
         out.update(seen)
@@ -168,7 +163,6 @@ def _solve(
     names: Sequence[str],
     may_share: Callable[[int, int], bool] | None,
     by_holder: dict[int, list[Link]],
-    by_owner: dict[int, list[Link]],
     new_since: Callable[[str, int], bool],
     outside: Callable[[int], set[str] | None],
     clusters: Sequence[int] | None,
