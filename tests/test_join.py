@@ -156,10 +156,14 @@ class Run:
         self.j.params_read(self.t)
         return self
 
-    def launch(self, task: int, slot: int, pinned: bool = False, holds: tuple[int, int] | None = None) -> Run:
-        """``holds``: (owner task, ms after which its answer existed): the prompt holds its exchange."""
+    def launch(
+        self, task: int, slot: int, pinned: bool = False, holds: tuple[int, int] | None = None, untold: bool = False
+    ) -> Run:
+        """``holds``: (owner task, ms after which its answer existed): the prompt holds its exchange;
+        ``untold``: of one of too many twins to tell (attribution.MAX_TWINS)."""
         self.j.slot_selected(slot, pinned)
-        self.j.launched(task, self.t, not self.busy, Holds(holds[1] * MS, (holds[0],)) if holds else None)
+        owners = () if untold else (holds[0],) if holds else ()
+        self.j.launched(task, self.t, not self.busy, Holds(holds[1] * MS, owners) if holds else None)
         self.busy.add(slot)
         return self
 
@@ -458,6 +462,17 @@ def test_two_turns_sent_at_once_are_named_by_the_exchanges_they_hold() -> None:
     r.at(500).release(0).release(1).at(600).arrive("B").arrive("A").chat_format().chat_format()
     r.at(650).launch(7, 0, holds=(0, 200)).launch(8, 1, holds=(1, 200))
     assert (r.res(7), r.res(8)) == ((HEADER, "A"), (HEADER, "B"))
+
+
+def test_an_exchange_of_too_many_twins_to_tell_names_no_turn() -> None:
+    # INVENTED: A's next turn and a new conversation X arrive together (one cluster); task 7 holds
+    # an exchange of one of more twins (the same prompt sent again and again) than the join tells
+    # apart. Its owner could be any of them, A's turn among them: 7 may be A's or X's, and so 8
+    r = Run().arrive("A").chat_format().launch(0, 0)
+    r.at(500).release(0).at(600).arrive("A").arrive("X").chat_format().chat_format()
+    r.at(650).launch(7, 0, holds=(0, 200), untold=True).launch(8, 1)
+    r.at(900).release(0).release(1).at(1500).idle()
+    assert (r.res(7), r.res(8)) == ((UNCERTAIN, ""), (UNCERTAIN, ""))
 
 
 def test_a_branch_is_never_folded_into_the_conversation_it_copied() -> None:

@@ -3,6 +3,10 @@ of a case the recorded runs show."""
 
 from __future__ import annotations
 
+import functools
+import itertools
+import random
+
 from llamacpp_exporter.assemble.join_solver import Link, names_by_assignment
 
 FIRST_SEEN = {"a": 0, "b": 0, "c": 0, "new": 500}
@@ -134,3 +138,80 @@ def test_id_order_lets_one_request_hold_several_ids() -> None:
 def test_no_order_of_ids_fits_narrows_nothing() -> None:
     # the smaller id can only be the later cluster's arrival, the larger only the earlier's
     assert solve({5: (1,), 9: (0,)}, ["a", "b"], clusters=[0, 1]) is None
+
+
+def _shared(share: set[tuple[int, int]], a: int, b: int) -> bool:
+    return (a, b) in share
+
+
+def _every_assignment(
+    cands: dict[int, tuple[int, ...]],
+    names: list[str],
+    links: list[Link],
+    share: set[tuple[int, int]],
+    clusters: list[int] | None,
+    outside: dict[int, set[str]],
+) -> dict[int, set[str]] | None:
+    """Per task, the names the assignments the rules allow give it, by trying every assignment."""
+    tasks = sorted(cands)
+    seen: dict[int, set[str]] = {t: set() for t in tasks}
+    found = False
+    for pick in itertools.product(*(cands[t] for t in tasks)):
+        at = dict(zip(tasks, pick, strict=True))
+        if any(at[a] == at[b] and (a, b) not in share for a in tasks for b in tasks if a != b):
+            continue
+        if clusters is not None and any(clusters[at[a]] > clusters[at[b]] for a in tasks for b in tasks if a < b):
+            continue
+        ok = True
+        for link in links:
+            name = names[at[link.holder]]
+            if name and not new_since(name, link.after_us):
+                ok = ok and any(
+                    names[at[o]] == name if o in at else name in outside.get(o, {name}) for o in link.owners
+                )
+        if not ok:
+            continue
+        found = True
+        for t in tasks:
+            seen[t].add(names[at[t]])
+    return seen if found else None
+
+
+def test_named_as_every_assignment_names() -> None:
+    # INVENTED random windows, small enough to try every assignment: the search (with the
+    # assignments it changes in one place instead of searching again) names a task exactly where
+    # every assignment gives it one name
+    rng = random.Random(55)
+    for _ in range(600):
+        n_tasks, n_arrivals = rng.randint(2, 6), rng.randint(2, 7)
+        names = [rng.choice(["a", "b", "c", "", "new"]) for _ in range(n_arrivals)]
+        tasks = rng.sample(range(1, 20), n_tasks)
+        cands = {t: tuple(sorted(rng.sample(range(n_arrivals), rng.randint(1, n_arrivals)))) for t in tasks}
+        share = {(a, b) for a in tasks for b in tasks if a != b and rng.random() < 0.2}
+        share |= {(b, a) for a, b in share}
+        clusters = sorted(rng.randint(0, 3) for _ in range(n_arrivals)) if rng.random() < 0.5 else None
+        links = []
+        for t in tasks:
+            if rng.random() < 0.4:
+                owners = tuple(sorted(rng.sample([o for o in tasks if o != t] + [90, 91], rng.randint(1, 2))))
+                links.append(Link(t, owners, rng.choice([100, 1000])))
+        outside = {90: {"a"}, 91: {"b", "c"}}
+        want = _every_assignment(cands, names, links, share, clusters, outside)
+        got = names_by_assignment(
+            cands,
+            names,
+            functools.partial(_shared, share),
+            links,
+            new_since,
+            outside.get,
+            set(cands),
+            1_000_000,
+            clusters,
+        )
+        if want is None:
+            assert got is None
+            continue
+        assert got is not None
+        for t in cands:
+            assert got[t] <= want[t]
+            assert (len(got[t]) == 1) == (len(want[t]) == 1), (cands, names, links, share, clusters, t)

@@ -35,6 +35,10 @@ MAX_LATE: Final = 1024
 LINEAGE_MIN_F_KEEP: Final = 0.9
 CONTINUATION_F_KEEP: Final = 0.9995  # printed as 1.000: the slot's whole state is a prefix of the prompt
 MAX_ANSWERS: Final = 4096  # recent tasks whose answer's first moment is kept
+# Past this many twins (the same prompt sent again and again: a benchmark, a health check) a held
+# exchange limits no name: its owner could be any of them, and the union of their names costs each
+# look as much as there are twins (9 at most in every recorded real run, 128 slots included)
+MAX_TWINS: Final = 16
 
 
 class AnswerTimes:
@@ -60,16 +64,26 @@ class AnswerTimes:
         self._sampled: OrderedDict[int, tuple[int, int]] = OrderedDict()  # task -> (prompt tokens, init sampler us)
         self._state: dict[int, int] = {}  # task -> its state's tokens when it ended
         self._by_prompt: dict[int, list[int]] = {}  # prompt tokens -> tasks, oldest first
+        # task -> at most its ``init sampler`` time, never more than a later twin's (the log's
+        # time may step back a little): no later twin's answer came before it
+        self._low: dict[int, int] = {}
 
     def sampling(self, task: int, prompt_tokens: int, now_us: int) -> None:
         """The task's ``init sampler`` line: its first token is sampled after this."""
         if task in self._sampled:
             return
         self._sampled[task] = (prompt_tokens, now_us)
-        self._by_prompt.setdefault(prompt_tokens, []).append(task)
+        same = self._by_prompt.setdefault(prompt_tokens, [])
+        i = len(same)
+        while i and self._low[same[i - 1]] > now_us:
+            i -= 1
+            self._low[same[i]] = now_us
+        same.append(task)
+        self._low[task] = now_us
         if len(self._sampled) > MAX_ANSWERS:
             old, (n, _) = self._sampled.popitem(last=False)
             self._state.pop(old, None)
+            del self._low[old]
             same = self._by_prompt[n]
             same.remove(old)
             if not same:
@@ -88,24 +102,38 @@ class AnswerTimes:
         """What a prompt holding these states holds of answers: (task, tokens of its state the
         prompt holds at least). None where no answer's token is among them."""
         bound = None
-        longest, owners = 0, set()
+        longest, owners, many = 0, set(), False
+        states = self._state
         for task, tokens in held:
             sampled = self._sampled.get(task)
-            state = self._state.get(task)
+            state = states.get(task)
             if sampled is None or state is None or not sampled[0] < tokens <= state:
                 continue
-            twins = [
-                t
-                for t in self._by_prompt[sampled[0]]
-                if t == task or self._state.get(t, tokens) >= tokens  # still running, or an answer as long
-            ]
-            first = min(self._sampled[t][1] for t in twins)
+            same = self._by_prompt[sampled[0]]
+            # the earliest answer among the twins (still running, or an answer as long): oldest
+            # first, until no later twin can have answered earlier
+            first = sampled[1]
+            for t in same:
+                if self._low[t] >= first:
+                    break
+                if states.get(t, tokens) >= tokens:
+                    first = min(first, self._sampled[t][1])
             bound = first if bound is None else max(bound, first)
+            # its twins, newest first, until there are too many to tell
+            twins = []
+            for t in reversed(same):
+                if t == task or states.get(t, tokens) >= tokens:
+                    twins.append(t)
+                    if len(twins) > MAX_TWINS:
+                        break
             if tokens > longest:
-                longest, owners = tokens, set(twins)
+                longest, owners, many = tokens, set(twins), len(twins) > MAX_TWINS
             elif tokens == longest:
                 owners.update(twins)
-        return Holds(bound, tuple(sorted(owners))) if bound is not None else None
+                many = many or len(twins) > MAX_TWINS
+        if bound is None:
+            return None
+        return Holds(bound, () if many or len(owners) > MAX_TWINS else tuple(sorted(owners)))
 
 
 class AttributionSink(Protocol):

@@ -200,7 +200,8 @@ class Holds:
 
     ``after_us``: the request was written after this log time (an answer it holds existed only
     then). ``owners``: the task whose exchange is the longest it holds, with that task's twins
-    (requests with the same prompt, whose answers may have been the same tokens)."""
+    (requests with the same prompt, whose answers may have been the same tokens); empty when
+    there are too many twins to tell (attribution.MAX_TWINS): the prompt then limits no name."""
 
     after_us: int
     owners: tuple[int, ...]
@@ -729,7 +730,7 @@ class HeaderJoin:
         self._solve_parked()
         tasks = self._cands
         bursts = None if self.one_task_each else {t: self._first_bursts(t) for t in tasks}
-        links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in tasks]
+        links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in tasks and h.owners]
         arrivals = self._arrivals
         window = _Window(
             [a.name for a in arrivals], dict(tasks), self._now_us, bursts, links, [a.cluster for a in arrivals]
@@ -1465,7 +1466,7 @@ class HeaderJoin:
             if self.one_task_each
             else (lambda a, b: _may_be_one_request(self._first_bursts(a), self._first_bursts(b)))
         )
-        links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in cands]
+        links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in cands and h.owners]
         named = self._jointly(
             cands, [a.name for a in arrivals], share, links, self._parked, [a.cluster for a in arrivals]
         )
@@ -1669,7 +1670,7 @@ class HeaderJoin:
         ):
             return seen[4]
         allowed: set[str] | None = None
-        if holds is not None:
+        if holds is not None and holds.owners:
             allowed = set()
             for names in owners:
                 if names is None:

@@ -37,6 +37,7 @@ from typing import Final
 
 BUDGET: Final = 100_000  # arrivals looked at per call; past it every name not ruled out stays possible
 PER_NAME: Final = 5_000  # arrivals looked at to rule one name in or out for one task
+MAX_FOUND: Final = 4  # assignments kept to be changed in one place before a new search
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +181,8 @@ def _solve(
                 break  # two names possible: not named by this window, whatever the rest
             if name in seen:
                 continue
+            if search.repaired(task, name):
+                continue
             if steps[1] <= 0:
                 unsure[task].add(name)
                 continue
@@ -240,8 +243,67 @@ class _Search:
                     for b in members:
                         if a != b:
                             self.between.setdefault((a, b), []).append(link)
+        self.found: list[dict[int, int]] = []  # the last assignments found, newest last
         self.takers: dict[int, set[int]] = {}  # arrival -> the tasks whose search domain holds it
         self.alike: dict[int, tuple[str, int, tuple[int, ...]]] = {}
+
+    def repaired(self, task: int, name: str) -> bool:
+        """Whether an assignment found before gives ``task`` ``name`` once changed in one place:
+        the task moved to an arrival of that name, and the one task on that arrival, if any, to
+        another of its own (the task's old one first). Checked against every rule as the search would; a witness found so
+        costs a few comparisons instead of a search."""
+        for before in reversed(self.found):
+            old = before[task]
+            for k in self.cands[task]:
+                if self.names[k] != name:
+                    continue
+                after = dict(before)
+                after[task] = k
+                if self._holds_all(after, (task,)):
+                    self._record(after)
+                    return True
+                users = [u for u, uk in before.items() if uk == k and u != task]
+                if len(users) != 1:
+                    continue
+                moved = users[0]
+                for k2 in sorted(self.cands[moved], key=lambda x: x != old):
+                    if k2 == k:
+                        continue
+                    after[moved] = k2
+                    if self._holds_all(after, (task, moved)):
+                        self._record(after)
+                        return True
+        return False
+
+    def _holds_all(self, assignment: dict[int, int], changed: tuple[int, ...]) -> bool:
+        """Whether an assignment that held every rule still does with ``changed`` moved: each on
+        an arrival of its own (or shared with a partner both ways), in id order with every other
+        task, and every link of the component kept."""
+        clusters = self.clusters
+        for c in changed:
+            kc = assignment[c]
+            if kc not in self.cands[c]:
+                return False
+            for o, ko in assignment.items():
+                if o == c:
+                    continue
+                if ko == kc and not (o in self.partners[c] and c in self.partners[o]):
+                    return False
+                if clusters is not None and ((clusters[ko] < clusters[kc]) if o > c else (clusters[ko] > clusters[kc])):
+                    return False
+        saved = self.assigned
+        self.assigned = assignment
+        try:
+            return all(self._link_ok(link) for t in assignment for link in self.by_holder.get(t, ()))
+        finally:
+            self.assigned = saved
+
+    def _record(self, assignment: dict[int, int]) -> None:
+        for t, k in assignment.items():
+            self.seen[t].add(self.names[k])
+        self.found.append(assignment)
+        if len(self.found) > MAX_FOUND:
+            del self.found[0]
 
     def run(self, task: int, name: str) -> bool:
         """Search for an assignment giving ``task`` ``name``; every assignment found adds each
@@ -358,8 +420,7 @@ class _Search:
 
     def _search(self, dom: dict[int, list[int]], spans: dict[int, tuple[int, int]]) -> bool:
         if not dom:
-            for t, k in self.assigned.items():
-                self.seen[t].add(self.names[k])
+            self._record(dict(self.assigned))
             return True
         by_size = sorted(dom, key=lambda t: len(dom[t]))
         # tasks none of which may share with another need an arrival each
