@@ -152,7 +152,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -1595,6 +1595,7 @@ class HeaderJoin:
         else:
             self._reach_untried.discard(task)
         names_key = (limits, self._names_forgotten)
+        named = self._conversation_by(limits, holds)
         if look is None or look.own != own:
             pre = tuple(k for k in range(first, end + 1) if self._may_be(k, task, own))
         elif (look.first, look.end, look.claims, look.untried) == (first, end, claims, untried):
@@ -1602,14 +1603,30 @@ class HeaderJoin:
             if look.names_key == names_key:
                 return look.free
         else:
-            changed = set(range(min(look.untried, untried), max(look.untried, untried)))
+            # the positions that stayed in the range keep their test unless their claim or try
+            # changed; a range that only shrank (ranks bounded by a new id) costs two bisections
+            lo_u, hi_u = min(look.untried, untried), max(look.untried, untried)
+            changed = set(range(max(lo_u, first), min(hi_u, end + 1)))
             if look.claims != claims:
-                changed.update(k for k, _ in set(look.claims).symmetric_difference(claims))
-            kept = [k for k in look.pre if first <= k <= end and k not in changed]
-            todo = {k for k in changed if first <= k <= end}
-            todo.update(range(first, min(end + 1, look.first)), range(max(first, look.end + 1), end + 1))
-            pre = tuple(sorted(kept + [k for k in todo if self._may_be(k, task, own)]))
-        named = self._conversation_by(limits, holds)
+                changed.update(k for k, _ in set(look.claims).symmetric_difference(claims) if first <= k <= end)
+            kept: Sequence[int] = look.pre[bisect.bisect_left(look.pre, first) : bisect.bisect_right(look.pre, end)]
+            if changed:
+                kept = [k for k in kept if k not in changed]
+            todo = sorted(
+                changed.union(range(first, min(end + 1, look.first)), range(max(first, look.end + 1), end + 1))
+            )
+            added = [k for k in todo if self._may_be(k, task, own)]
+            pre = tuple(sorted([*kept, *added])) if added else tuple(kept)
+            if look.names_key == names_key:  # the kept positions keep their names' verdict too
+                was = look.free[bisect.bisect_left(look.free, first) : bisect.bisect_right(look.free, end)]
+                still: Sequence[int] = [k for k in was if k not in changed] if changed else was
+                if named is not None:
+                    added = [k for k in added if named(arrivals[k].name)]
+                free = tuple(sorted([*still, *added])) if added else tuple(still)
+                if free == look.free:
+                    free = look.free
+                self._candidates_seen[task] = _Look(own, first, end, claims, untried, pre, names_key, free)
+                return free
         free = pre if named is None else tuple(k for k in pre if named(arrivals[k].name))
         if look is not None and free == look.free:
             free = look.free  # the same object: what was judged of it at the last look holds
