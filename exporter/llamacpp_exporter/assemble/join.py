@@ -1687,7 +1687,9 @@ class HeaderJoin:
         ):
             return seen[4]
         allowed: set[str] | None = None
-        if holds is not None and holds.owners:
+        if holds is not None and len(owners) == 1:
+            allowed = owners[0]  # read only: the owner's own set serves
+        elif holds is not None and holds.owners:
             allowed = set()
             for names in owners:
                 if names is None:
@@ -1736,10 +1738,12 @@ class HeaderJoin:
         if seen is not None and seen[0] is free:
             return seen[1]
         arrivals = self._arrivals
-        names = {arrivals[k].name for k in free if k < len(arrivals)}
-        if max(free, default=-1) < len(arrivals):  # a later arrival cannot add to them
+        n = len(arrivals)
+        if not free or max(free) < n:  # every arrival still kept: a later one cannot add to them
+            names = {arrivals[k].name for k in free}
             self._names_seen[task] = (free, names)
-        return names
+            return names
+        return {arrivals[k].name for k in free if k < n}
 
     def _feasible(self, cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]]:
         """Each request is one task at most: of the arrivals the open tasks can be, those they
