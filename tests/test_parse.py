@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import value
 
 from llamacpp_exporter import parse as p
@@ -282,3 +284,78 @@ def test_draft_acceptance_and_context_shift_lines(line: str, expected: p.Event) 
     # the same lines reworded (invented): a build that changes them is seen, not ignored
     reworded = line.replace("accepted /", "accepted of").replace("n_discard", "discarded")
     assert isinstance(p.parse_line(reworded).event, p.Unrecognized)
+
+
+def _listing_by_regex(msg: str) -> p.Event | None:
+    """What the regular expressions alone make of a RAM-cache listing line's message."""
+    if msg.startswith("   - prompt with length"):
+        m = p._RE_CANDIDATE.match(msg)
+        return p.CacheCandidate(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4)) if m else None
+    m = p._RE_ENTRY.match(msg)
+    return p.CacheEntryListed(m.group(1), int(m.group(2)), float(m.group(4)), int(m.group(3))) if m else None
+
+
+def _listing_by_character(msg: str) -> p.Event | None:
+    """The reading by character alone (None: it leaves the line to the regular expression)."""
+    if msg.startswith("   - prompt with length"):
+        return p._candidate_line(msg)
+    return p._entry_line(msg) if msg.startswith("   - prompt ") else None
+
+
+def _recorded_listings() -> list[str]:
+    out = set()
+    for f in LOGS.rglob("*.log"):
+        for line in f.read_text(errors="replace").splitlines():
+            at = line.find(":    - prompt ")
+            if at >= 0:
+                out.add(line[at + 2 :])
+    return sorted(out)
+
+
+RECORDED_LISTINGS = _recorded_listings()
+
+
+def test_listing_lines_read_by_character_as_by_regex() -> None:
+    """Every entry and candidate line of every recorded log: the reading by character makes of it
+    what the regular expression makes (and reads each of them)."""
+    assert len(RECORDED_LISTINGS) > 100
+    for msg in RECORDED_LISTINGS:
+        assert _listing_by_character(msg) is not None, msg
+        assert _listing_by_character(msg) == _listing_by_regex(msg), msg
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    st.sampled_from(RECORDED_LISTINGS or ["   - prompt 0x1: 1 tokens, checkpoints: 0, 0.1 MiB"]),
+    st.lists(
+        st.tuples(st.integers(0, 120), st.sampled_from(list("0123456789-.: ,_x(nil)aM\u0663\u00e9")), st.booleans())
+    ),
+)
+def test_listing_lines_changed_anywhere_read_by_character_as_by_regex(
+    msg: str, edits: list[tuple[int, str, bool]]
+) -> None:
+    """INVENTED: recorded listing lines with characters replaced or inserted anywhere (digits of
+    another script, signs, points, spaces): the reading by character gives the regular
+    expression's event, or leaves the line to it."""
+    for at, ch, insert in edits:
+        at = min(at, len(msg))
+        msg = msg[:at] + ch + msg[at + (0 if insert else 1) :]
+    fast = _listing_by_character(msg)
+    assert fast is None or fast == _listing_by_regex(msg), msg
+    if msg.startswith("   - prompt "):  # the parser's answer, whichever reads it
+        assert p._srv_event(msg) == (_listing_by_regex(msg) or p.UNRECOGNIZED), msg
+
+
+def test_a_decimal_read_by_character_is_the_float_float_reads() -> None:
+    """INVENTED decimals of up to 18 digits, signed or not: the same double as float() (the
+    digits over a power of ten, or float() itself past 15 digits), and where it ends."""
+    import random
+
+    rng = random.Random(55)
+    for _ in range(100_000):
+        whole = str(rng.randint(0, 10 ** rng.randint(1, 10)))
+        frac = "".join(rng.choice("0123456789") for _ in range(rng.randint(0, 8)))
+        text = ("-" if rng.random() < 0.2 else "") + whole + ("." + frac if frac else "")
+        value, end = p._ascii_float(text + " MiB", 0)
+        assert (end, repr(value)) == (len(text), repr(float(text))), text
+    assert p._ascii_float("1. MiB", 0)[1] == -1 and p._ascii_float("- MiB", 0)[1] == -1

@@ -934,6 +934,125 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
     return UNRECOGNIZED
 
 
+def _spaces(msg: str, k: int) -> int:
+    """Where the spaces from k on end."""
+    n = len(msg)
+    while k < n and ord(msg[k]) == 32:
+        k += 1
+    return k
+
+
+def _entry_line(msg: str) -> CacheEntryListed | None:
+    """What _RE_ENTRY makes of a cache entry's line, read by character in its usual shape (an
+    entry of ASCII letters, digits and underscores, or (nil); ASCII digits), None for any other
+    (the regular expression then decides): at -lv 4 the RAM cache lists every entry at each
+    update, most of the lines of a server with many slots. tests/test_parse.py holds the two
+    together."""
+    n = len(msg)
+    k = 12
+    while k < n:  # the entry: \w+ of ASCII, up to its colon
+        c = ord(msg[k])
+        if not (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c == 95):
+            break
+        k += 1
+    if k < n and ord(msg[k]) == 40 and msg[k : k + 6] == "(nil):" and k == 12:
+        k += 5
+    if k == 12 or k >= n or ord(msg[k]) != 58:  # :
+        return None
+    entry = msg[12:k]
+    first = k + 1
+    k = _spaces(msg, first)
+    if k == first:
+        return None
+    tokens, e = _ascii_number(msg, k)
+    if e == k or msg[e : e + 21] != " tokens, checkpoints:":
+        return None
+    k = _spaces(msg, e + 21)
+    if k == e + 21:
+        return None
+    checkpoints, e = _ascii_number(msg, k)
+    if e == k or e + 1 >= n or ord(msg[e]) != 44:  # ,
+        return None
+    start = _spaces(msg, e + 1)
+    if start == e + 1:
+        return None
+    mib, end = _ascii_float(msg, start)
+    if end < 0 or msg[end : end + 4] != " MiB":
+        return None
+    return CacheEntryListed(entry, tokens, mib, checkpoints)
+
+
+def _ascii_float(msg: str, k: int) -> tuple[float, int]:
+    r"""An ASCII -?\d+(\.\d+)? from k on as float() reads it, and where it ends (-1: none).
+    Of at most 15 digits, the digits as one integer over a power of ten: both exact as doubles,
+    so the one division rounds the decimal as float() does (correctly rounded, both)."""
+    n = len(msg)
+    start = k
+    negative = k < n and ord(msg[k]) == 45  # -
+    if negative:
+        k += 1
+    whole, e = _ascii_number(msg, k)
+    if e == k:
+        return 0.0, -1
+    digits, scaled = e - k, whole
+    if e < n and ord(msg[e]) == 46:  # .
+        part, f = _ascii_number(msg, e + 1)
+        if f == e + 1:
+            return 0.0, -1
+        digits += f - e - 1
+        if digits <= 15:
+            scaled = whole * _POW10[f - e - 1] + part
+            value = scaled / _POW10[f - e - 1]
+            return (-value if negative else value), f
+        return float(msg[start:f]), f
+    if digits > 15:
+        return float(msg[start:e]), e
+    value = float(scaled)
+    return (-value if negative else value), e
+
+
+_POW10: Final = tuple(10**i for i in range(16))
+
+
+def _candidate_line(msg: str) -> CacheCandidate | None:
+    """What _RE_CANDIDATE makes of a lookup's candidate line, by character in its usual shape
+    (ASCII digits), None for any other (the regular expression then decides)."""
+    k = _spaces(msg, 23)
+    if k == 23:
+        return None
+    n_tokens, e = _ascii_number(msg, k)
+    if e == k or msg[e : e + 7] != ", lcp =":
+        return None
+    k = _spaces(msg, e + 7)
+    if k == e + 7:
+        return None
+    negative = k < len(msg) and ord(msg[k]) == 45  # -
+    first = k + 1 if negative else k
+    lcp, e = _ascii_number(msg, first)
+    if e == first or msg[e : e + 11] != ", f_keep = ":
+        return None
+    keep_start = e + 11
+    keep_end = _printed_end(msg, keep_start)
+    if keep_end == keep_start or msg[keep_end : keep_end + 10] != ", f_sim = ":
+        return None
+    sim_start = keep_end + 10
+    sim_end = _printed_end(msg, sim_start)
+    if sim_end == sim_start or (sim_end < len(msg) and not msg[sim_end].isascii()):
+        return None  # a digit of another script may follow: the regular expression's
+    return CacheCandidate(n_tokens, -lcp if negative else lcp, msg[keep_start:keep_end], msg[sim_start:sim_end])
+
+
+def _printed_end(msg: str, k: int) -> int:
+    """Where a run of ASCII digits, "-" and "." from k on ends."""
+    n = len(msg)
+    while k < n:
+        c = ord(msg[k])
+        if not (48 <= c <= 57 or c == 45 or c == 46):
+            break
+        k += 1
+    return k
+
+
 def _srv_event(msg: str) -> Event:
     n: str  # the regex groups, typed (see _slot_event)
     lcp: str
@@ -947,11 +1066,17 @@ def _srv_event(msg: str) -> Event:
     # slot whose selection (or idle save) started it.
     if msg.startswith(" - ") or msg.startswith("   - "):
         if msg.startswith("   - prompt with length"):
+            candidate = _candidate_line(msg)
+            if candidate is not None:
+                return candidate
             m = _RE_CANDIDATE.match(msg)
             if m:
                 n, lcp, f_keep, f_sim = m.group(1, 2, 3, 4)
                 return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
         elif msg.startswith("   - prompt "):
+            entry_listed = _entry_line(msg)
+            if entry_listed is not None:
+                return entry_listed
             m = _RE_ENTRY.match(msg)
             if m:
                 entry, n, checkpoints, mib = m.group(1, 2, 3, 4)
