@@ -942,6 +942,20 @@ def _spaces(msg: str, k: int) -> int:
     return k
 
 
+def _spaced_number(msg: str, k: int, then: str, signed: bool = False) -> tuple[int, int]:
+    """At k: one space or more, ASCII digits (with a sign where ``signed``), then ``then``: the
+    number and where ``then`` ends; -1 for where when the line is not so (or k is -1)."""
+    first = _spaces(msg, k) if k >= 0 else k
+    if first == k:
+        return 0, -1
+    negative = signed and first < len(msg) and ord(msg[first]) == 45  # -
+    digits = first + 1 if negative else first
+    value, e = _ascii_number(msg, digits)
+    if e == digits or msg[e : e + len(then)] != then:
+        return 0, -1
+    return (-value if negative else value), e + len(then)
+
+
 def _entry_line(msg: str) -> CacheEntryListed | None:
     """What _RE_ENTRY makes of a cache entry's line, read by character in its usual shape (an
     entry of ASCII letters, digits and underscores, or (nil); ASCII digits), None for any other
@@ -959,27 +973,16 @@ def _entry_line(msg: str) -> CacheEntryListed | None:
         k += 5
     if k == 12 or k >= n or ord(msg[k]) != 58:  # :
         return None
-    entry = msg[12:k]
-    first = k + 1
-    k = _spaces(msg, first)
-    if k == first:
-        return None
-    tokens, e = _ascii_number(msg, k)
-    if e == k or msg[e : e + 21] != " tokens, checkpoints:":
-        return None
-    k = _spaces(msg, e + 21)
-    if k == e + 21:
-        return None
-    checkpoints, e = _ascii_number(msg, k)
-    if e == k or e + 1 >= n or ord(msg[e]) != 44:  # ,
-        return None
-    start = _spaces(msg, e + 1)
-    if start == e + 1:
+    colon = k
+    tokens, k = _spaced_number(msg, colon + 1, " tokens, checkpoints:")
+    checkpoints, k = _spaced_number(msg, k, ",")
+    start = _spaces(msg, k) if k >= 0 else k
+    if start == k:
         return None
     mib, end = _ascii_float(msg, start)
     if end < 0 or msg[end : end + 4] != " MiB":
         return None
-    return CacheEntryListed(entry, tokens, mib, checkpoints)
+    return CacheEntryListed(msg[12:colon], tokens, mib, checkpoints)
 
 
 def _ascii_float(msg: str, k: int) -> tuple[float, int]:
@@ -1017,21 +1020,11 @@ _POW10: Final = tuple(10**i for i in range(16))
 def _candidate_line(msg: str) -> CacheCandidate | None:
     """What _RE_CANDIDATE makes of a lookup's candidate line, by character in its usual shape
     (ASCII digits), None for any other (the regular expression then decides)."""
-    k = _spaces(msg, 23)
-    if k == 23:
+    n_tokens, k = _spaced_number(msg, 23, ", lcp =")
+    lcp, e = _spaced_number(msg, k, ", f_keep = ", signed=True)
+    if e < 0:
         return None
-    n_tokens, e = _ascii_number(msg, k)
-    if e == k or msg[e : e + 7] != ", lcp =":
-        return None
-    k = _spaces(msg, e + 7)
-    if k == e + 7:
-        return None
-    negative = k < len(msg) and ord(msg[k]) == 45  # -
-    first = k + 1 if negative else k
-    lcp, e = _ascii_number(msg, first)
-    if e == first or msg[e : e + 11] != ", f_keep = ":
-        return None
-    keep_start = e + 11
+    keep_start = e
     keep_end = _printed_end(msg, keep_start)
     if keep_end == keep_start or msg[keep_end : keep_end + 10] != ", f_sim = ":
         return None
@@ -1039,7 +1032,7 @@ def _candidate_line(msg: str) -> CacheCandidate | None:
     sim_end = _printed_end(msg, sim_start)
     if sim_end == sim_start or (sim_end < len(msg) and not msg[sim_end].isascii()):
         return None  # a digit of another script may follow: the regular expression's
-    return CacheCandidate(n_tokens, -lcp if negative else lcp, msg[keep_start:keep_end], msg[sim_start:sim_end])
+    return CacheCandidate(n_tokens, lcp, msg[keep_start:keep_end], msg[sim_start:sim_end])
 
 
 def _printed_end(msg: str, k: int) -> int:
