@@ -1595,7 +1595,6 @@ class HeaderJoin:
         else:
             self._reach_untried.discard(task)
         names_key = (limits, self._names_forgotten)
-        named = self._conversation_by(limits, holds)
         if look is None or look.own != own:
             pre = tuple(k for k in range(first, end + 1) if self._may_be(k, task, own))
         elif (look.first, look.end, look.claims, look.untried) == (first, end, claims, untried):
@@ -1620,6 +1619,7 @@ class HeaderJoin:
             if look.names_key == names_key:  # the kept positions keep their names' verdict too
                 was = look.free[bisect.bisect_left(look.free, first) : bisect.bisect_right(look.free, end)]
                 still: Sequence[int] = [k for k in was if k not in changed] if changed else was
+                named = self._conversation_by(limits, holds) if added else None
                 if named is not None:
                     added = [k for k in added if named(arrivals[k].name)]
                 free = tuple(sorted([*still, *added])) if added else tuple(still)
@@ -1627,6 +1627,7 @@ class HeaderJoin:
                     free = look.free
                 self._candidates_seen[task] = _Look(own, first, end, claims, untried, pre, names_key, free)
                 return free
+        named = self._conversation_by(limits, holds)
         free = pre if named is None else tuple(k for k in pre if named(arrivals[k].name))
         if look is not None and free == look.free:
             free = look.free  # the same object: what was judged of it at the last look holds
