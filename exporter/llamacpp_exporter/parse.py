@@ -934,6 +934,12 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
     return UNRECOGNIZED
 
 
+# Compiled (mypyc), a listing line read by character costs half the regular expression's match;
+# pure Python, twice as much: read so only where this module is compiled (the same events either
+# way, tests/test_parse.py)
+LISTINGS_BY_CHARACTER: Final = __file__.endswith(".so")
+
+
 def _spaces(msg: str, k: int) -> int:
     """Where the spaces from k on end."""
     n = len(msg)
@@ -1059,7 +1065,7 @@ def _srv_event(msg: str) -> Event:
     # slot whose selection (or idle save) started it.
     if msg.startswith(" - ") or msg.startswith("   - "):
         if msg.startswith("   - prompt with length"):
-            candidate = _candidate_line(msg)
+            candidate = _candidate_line(msg) if LISTINGS_BY_CHARACTER else None
             if candidate is not None:
                 return candidate
             m = _RE_CANDIDATE.match(msg)
@@ -1067,7 +1073,7 @@ def _srv_event(msg: str) -> Event:
                 n, lcp, f_keep, f_sim = m.group(1, 2, 3, 4)
                 return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
         elif msg.startswith("   - prompt "):
-            entry_listed = _entry_line(msg)
+            entry_listed = _entry_line(msg) if LISTINGS_BY_CHARACTER else None
             if entry_listed is not None:
                 return entry_listed
             m = _RE_ENTRY.match(msg)
