@@ -1461,11 +1461,8 @@ class HeaderJoin:
             t: tuple(k for k in c if k < len(arrivals) and arrivals[k].alone_task in (None, t))
             for t, c in self._cands.items()
         }
-        share = (
-            None
-            if self.one_task_each
-            else (lambda a, b: _may_be_one_request(self._first_bursts(a), self._first_bursts(b)))
-        )
+        bursts = None if self.one_task_each else {t: self._first_bursts(t) for t in cands}
+        share = None if bursts is None else (lambda a, b: _may_be_one_request(bursts[a], bursts[b]))
         links = [Link(t, h.owners, h.after_us) for t, h in self._holds.items() if t in cands and h.owners]
         named = self._jointly(
             cands, [a.name for a in arrivals], share, links, self._parked, [a.cluster for a in arrivals]

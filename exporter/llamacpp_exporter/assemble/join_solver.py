@@ -337,8 +337,15 @@ class _Search:
         """The earliest and latest cluster of these arrivals (0, 0 when none is known)."""
         if self.clusters is None:
             return 0, 0
-        cs = [self.clusters[k] for k in free]
-        return min(cs), max(cs)
+        clusters = self.clusters
+        low = high = clusters[free[0]]
+        for k in free:
+            c = clusters[k]
+            if c < low:
+                low = c
+            elif c > high:
+                high = c
+        return low, high
 
     def _link_ok(self, link: Link) -> bool:
         """False only when every task of the link is placed and the rule fails."""
@@ -402,9 +409,20 @@ class _Search:
                 out[u] = free
                 out_spans[u] = spans[u]
                 continue
-            keep: list[int] = []
+            # every arrival of the list is looked at: counted at once
+            self.steps[0] -= len(free)
+            if self.steps[0] < 0:
+                raise _OutOfBudget
+            if in_order and not links:  # k alone goes (it cannot be shared)
+                keep = [k2 for k2 in free if k2 != k]
+                if not keep:
+                    return None
+                out[u] = keep
+                # the span moves only when k was of its first or last cluster
+                out_spans[u] = spans[u] if clusters is None or low < c < high or low == high else self._span(keep)
+                continue
+            keep = []
             for k2 in free:
-                self._step()
                 if k2 == k and not shared:
                     continue
                 if clusters is not None and ((clusters[k2] < c) if later else (clusters[k2] > c)):
@@ -418,7 +436,10 @@ class _Search:
             out_spans[u] = self._span(keep)
         return out, out_spans
 
-    def _search(self, dom: dict[int, list[int]], spans: dict[int, tuple[int, int]]) -> bool:
+    def _search(
+        self, dom: dict[int, list[int]], spans: dict[int, tuple[int, int]], matched: dict[int, int] | None = None
+    ) -> bool:
+        """``matched``: the matching found one placement up, from which this one's is grown."""
         if not dom:
             self._record(dict(self.assigned))
             return True
@@ -428,7 +449,8 @@ class _Search:
         for t in by_size:
             if self.partners[t].isdisjoint(apart):
                 apart[t] = dom[t]
-        if not _matching_exists(apart):
+        held = _matching(apart, matched)
+        if held is None:
             return False  # more tasks than arrivals for them: no way on from here
         best = by_size[0]  # the task with the fewest arrivals left first
         tried: set[tuple[tuple[str, int, tuple[int, ...]], tuple[int, ...]]] = set()
@@ -442,7 +464,7 @@ class _Search:
             self.assigned[best] = k
             self.users.setdefault(k, []).append(best)
             rest = self._narrowed(best, k, dom, spans)
-            found = rest is not None and self._search(rest[0], rest[1])
+            found = rest is not None and self._search(rest[0], rest[1], held)
             self.users[k].pop()
             del self.assigned[best]
             if found:
@@ -450,11 +472,23 @@ class _Search:
         return False
 
 
-def _matching_exists(left: dict[int, list[int]]) -> bool:
-    """Whether every task can have an arrival of its own."""
+def _matching(left: dict[int, list[int]], start: dict[int, int] | None) -> dict[int, int] | None:
+    """An arrival of its own for every task (task -> arrival), or None when there is none. Grown
+    from ``start`` (a matching of a search one placement up: most of it still holds, so a
+    placement costs an augmenting path or two, not a matching anew): any matching grows to a
+    complete one by augmenting paths when a complete one exists (Berge)."""
     holder: dict[int, int] = {}
     held: dict[int, int] = {}
-    return all(augment(t, left, holder, held) for t in sorted(left, key=lambda t: len(left[t])))
+    if start is not None:
+        for t, k in start.items():
+            free = left.get(t)
+            if free is not None and k not in holder and k in free:
+                holder[k] = t
+                held[t] = k
+    for t in left:
+        if t not in held and not augment(t, left, holder, held):
+            return None
+    return held
 
 
 def augment(task: int, cands: Mapping[int, Sequence[int]], holder: dict[int, int], held: dict[int, int]) -> bool:
