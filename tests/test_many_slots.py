@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from support import LOGS
 
-from llamacpp_exporter.assemble import join
+from llamacpp_exporter.assemble import attribution, join
 from llamacpp_exporter.assemble.finish import Finisher
 from llamacpp_exporter.assemble.pseudonyms import Pseudonymizer
 from llamacpp_exporter.assemble.timeline import PrefillTimeline
@@ -151,6 +151,33 @@ def test_what_the_join_keeps_of_tasks_it_did_not_look_at_again_is_what_a_full_lo
     print(f"{log}: {len(join.LOOKS_CHECKED)} checks, {sum(join.LOOKS_CHECKED)} open tasks")
     if log.endswith(".gz"):  # many requests in flight: the checks saw them
         assert sum(join.LOOKS_CHECKED) > 1000
+
+
+@pytest.mark.parametrize("log", [f"{RUNS[16]}.log.gz", *sorted(p.name for p in LOGS.glob("*.log"))])
+def test_a_late_proof_looks_at_every_record_whose_conversation_it_can_prove(
+    log: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late proof's pass looks only at the waiting records (and costs) whose conversation can
+    have become known or whose time is up (attribution.LateIndex); at every pass, each one it
+    leaves out is one a look at every waiting record would leave waiting too, on every recorded
+    log."""
+    monkeypatch.setattr(attribution, "_CHECK_LATE", True)
+    attribution.LATE_FAILURES.clear()
+    passes = []
+    check = attribution.Attribution._check_late
+
+    def counted(self: attribution.Attribution, *args: Any) -> None:
+        passes.append(len(self.late) + len(self.late_costs))
+        check(self, *args)
+
+    monkeypatch.setattr(attribution.Attribution, "_check_late", counted)
+    opener: Callable[..., Any] = gzip.open if log.endswith(".gz") else open
+    with opener(LOGS / log, "rt", errors="replace") as fh:
+        replay(fh.read().splitlines(), Pseudonymizer("check"))
+    assert not attribution.LATE_FAILURES, attribution.LATE_FAILURES[:3]
+    print(f"{log}: {len(passes)} passes, {sum(passes)} waiting records and costs")
+    if log.endswith(".gz"):  # records went out before their proof: the checks saw them
+        assert sum(passes) > 100
 
 
 def test_the_fixtures_hold_no_prompt_text() -> None:

@@ -9,6 +9,7 @@ conversations' prefills overlapped another request's decoding.
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Final, Protocol
@@ -30,6 +31,8 @@ JOIN_WAIT_US: Final = 5_000_000
 LATE_PROOF_US: Final = 300_000_000  # how long after its end a record's conversation may still be proven
 EVICTION_WAIT_US: Final = 60_000_000  # how long an eviction waits to learn whose entry it was
 MAX_LATE: Final = 1024
+_CHECK_LATE = False  # tests: check each late proof's pass against a look at every waiting record
+LATE_FAILURES: list[str] = []  # what those checks found (tests)
 # A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP: Final = 0.9
@@ -39,6 +42,49 @@ MAX_ANSWERS: Final = 4096  # recent tasks whose answer's first moment is kept
 # exchange limits no name: its owner could be any of them, and the union of their names costs each
 # look as much as there are twins (9 at most in every recorded real run, 128 slots included)
 MAX_TWINS: Final = 16
+
+
+class LateIndex:
+    """What a late proof looks at: the waiting records and costs whose conversation may have
+    become known since the last pass, so that a pass costs what changed, not what waits.
+
+    A waiting record's conversation becomes known when the join settles its task, when its task
+    (settled, sent without an id) has a lineage parent whose conversation becomes known, when
+    the parent is forgotten (it is a lineage root then), or when the verbosity changes; it gives
+    up at its horizon. A cost is decided once its task is settled."""
+
+    def __init__(self) -> None:
+        self.seq: dict[TaskKey, int] = {}  # waiting record -> when it began to wait (its order)
+        self.cost_seq: dict[TaskKey, int] = {}
+        self._next = 0
+        self.expiry: list[tuple[int, int, TaskKey]] = []  # (end, seq, key): a heap
+        self.waiting: dict[TaskKey, list[TaskKey]] = {}  # task -> tasks whose lineage waits on it
+        self.waits_on: dict[TaskKey, TaskKey] = {}  # the reverse, in the order they began
+        self.touched: list[TaskKey] = []  # to look at in the next pass besides what the join settled
+        self.look_at_all = False
+
+    def began(self, key: TaskKey, end_us: int, pending: bool) -> None:
+        """A record began to wait; ``pending``: the join has not settled its task yet."""
+        self._next += 1
+        self.seq[key] = self._next
+        heapq.heappush(self.expiry, (end_us, self._next, key))
+        if not pending:  # settled already: waiting on its lineage, looked at in the next pass
+            self.touched.append(key)
+
+    def cost_began(self, key: TaskKey, pending: bool) -> None:
+        self._next += 1
+        self.cost_seq[key] = self._next
+        if not pending:
+            self.touched.append(key)
+
+    def forget_oldest(self) -> None:
+        key, parent = next(iter(self.waits_on.items()))
+        del self.waits_on[key]
+        waiters = self.waiting.get(parent)
+        if waiters is not None and key in waiters:
+            waiters.remove(key)
+            if not waiters:
+                del self.waiting[parent]
 
 
 class AnswerTimes:
@@ -175,10 +221,13 @@ class Attribution:
         self.late: OrderedDict[TaskKey, RequestRecord] = OrderedDict()
         self.late_costs: dict[TaskKey, float] = {}
         self.late_version = -1
+        self._late_index = LateIndex()
 
     def server_changed(self, lineage_only: bool, n_slots: int | None) -> None:
         """What the server said of itself changed: its verbosity (below -lv 4 no request shows
         its id), or its slots."""
+        if lineage_only != self.lineage_only:
+            self._late_index.look_at_all = True  # every waiting record's conversation may change
         self.lineage_only = lineage_only
         self.join.n_slots = n_slots
 
@@ -193,6 +242,7 @@ class Attribution:
         for seconds in self.late_costs.values():
             self.sink.join_cost("uncertain", seconds)
         self.late_costs.clear()
+        self._late_index = LateIndex()
 
     # ------------------------------------------------------------ the join's lines
     def arrival(self, ev: p.ConversationArrived) -> None:
@@ -221,7 +271,8 @@ class Attribution:
         self._count_dropped()
         self._lineage_parent[(self.epoch, task)] = parent
         if len(self._lineage_parent) > MAX_TASKS:
-            self._lineage_parent.popitem(last=False)
+            # a task whose parent is forgotten is a lineage root from now on
+            self._late_index.touched.append(self._lineage_parent.popitem(last=False)[0])
 
     def foreign_launched(self, task: int) -> None:
         """An embedding or rerank task launched: no arrival of the join is its request."""
@@ -237,37 +288,150 @@ class Attribution:
         self.maybe_prove_late()
 
     def maybe_prove_late(self) -> None:
-        if (self.late or self.late_costs) and self.join.version != self.late_version:
-            self._prove_late()
+        if self.join.version != self.late_version:
+            if self.late or self.late_costs:
+                self._prove_late()
+            else:
+                self.late_version = self.join.version
+                self.join.take_settled()  # nothing waits: what settled concerns no record
+                self._late_index.touched.clear()
 
     def _prove_late(self) -> None:
         """The join settled something: hand on the conversations proven since their records
-        went out."""
+        went out. Only the records whose conversation can have changed are looked at (see
+        LateIndex), in the order they began to wait, as a look at every one would."""
         self.late_version = self.join.version
         horizon = self.now() - LATE_PROOF_US
-        for key, rec in list(self.late.items()):
+        index = self._late_index
+        settled = [(self.epoch, t) for t in self.join.take_settled()]
+        late, costs = self._late_candidates(settled, horizon)
+        if _CHECK_LATE:
+            self._check_late(late, costs, horizon)
+        while late:
+            seq, key = heapq.heappop(late)
+            rec = self.late.get(key)
+            if rec is None or index.seq.get(key) != seq:
+                continue  # gone since, or a twin of this entry in the heap
             conv = self.conversation(*key)
             if conv is None:
                 if (rec.end_us or 0) < horizon:
                     del self.late[key]
+                    del index.seq[key]
                     self.join.give_up(key[1])
+                    # a record after this one that its give-up decides is decided in this pass
+                    for later in self._decided_by(key):
+                        later_seq = index.seq.get(later)
+                        if later_seq is not None and later_seq > seq:
+                            heapq.heappush(late, (later_seq, later))
                 continue
             del self.late[key]
+            del index.seq[key]
             if conv[0] is not None:
                 self.sink.conversation_proven(rec, conv[0], conv[1])
-        for key, seconds in list(self.late_costs.items()):
+        # the costs: decided once their task is settled (the give-ups of this pass included)
+        for key in (*costs, *((self.epoch, t) for t in self.join.settled)):
+            if key in self.late_costs:
+                costs.append(key)
+        for _, key in sorted({(index.cost_seq[k], k) for k in costs if k in self.late_costs}):
+            seconds = self.late_costs[key]
             conv = self.conversation(*key)
             if conv is not None:
                 del self.late_costs[key]
+                del index.cost_seq[key]
                 if conv[0] is not None:
                     self.sink.conversation_cost(conv[0], seconds)
                 self.sink.join_cost(conv[1], seconds)
             elif not self.join.pending(key[1]):
                 del self.late_costs[key]
+                del index.cost_seq[key]
                 self.sink.join_cost("uncertain", seconds)
 
+    def _late_candidates(self, settled: list[TaskKey], horizon: int) -> tuple[list[tuple[int, TaskKey]], list[TaskKey]]:
+        """The waiting records (a heap by when each began to wait) and costs whose conversation
+        may be known now or whose time is up: those whose task the join settled since the last
+        pass, those waiting on the lineage of a task whose conversation is known now, those past
+        the horizon; every one after a change of verbosity."""
+        index = self._late_index
+        touched = [*settled, *index.touched]
+        index.touched = []
+        if index.look_at_all:
+            index.look_at_all = False
+            touched.extend(self.late)
+            touched.extend(self.late_costs)
+        costs = [k for k in touched if k in self.late_costs]
+        late: list[tuple[int, TaskKey]] = []
+        for key in touched:
+            if key in self.late or key in index.waiting:
+                self._resolved_or_waits(key, late)
+        expiry = index.expiry
+        while expiry and expiry[0][0] < horizon:
+            _, seq, key = heapq.heappop(expiry)
+            if key in self.late and index.seq.get(key) == seq:
+                late.append((seq, key))
+        heapq.heapify(late)
+        return late, costs
+
+    def _resolved_or_waits(self, key: TaskKey, late: list[tuple[int, TaskKey]]) -> None:
+        """A task whose conversation may be known now: if it is, it and every waiting record
+        whose lineage waited on it are candidates; if not, it waits on its lineage parent."""
+        index = self._late_index
+        todo = [key]
+        while todo:
+            k = todo.pop()
+            # kept as a look at every waiting record keeps it: for the records, not their lineage
+            conv = self.conversation(*k, keep=k in self.late)
+            if conv is None:
+                self._wait_on_lineage(k)
+                continue
+            if k in self.late:
+                late.append((index.seq[k], k))
+            for waiter in index.waiting.pop(k, ()):
+                index.waits_on.pop(waiter, None)
+                todo.append(waiter)
+
+    def _wait_on_lineage(self, key: TaskKey) -> None:
+        """A task whose conversation is not known: if the join has settled it (no id: its
+        conversation is its lineage parent's), it waits on that parent, up its chain to a task
+        the join has not settled (which comes back through the join's settled tasks)."""
+        index = self._late_index
+        while key[0] == self.epoch and not self.join.pending(key[1]) and key not in index.waits_on:
+            parent = self._lineage_parent.get(key)
+            if parent is None:
+                return
+            index.waiting.setdefault(parent, []).append(key)
+            index.waits_on[key] = parent
+            if len(index.waits_on) > MAX_TASKS:
+                index.forget_oldest()
+            if self.conversation(*parent, keep=False) is not None:
+                return
+            key = parent
+
+    def _decided_by(self, key: TaskKey) -> list[TaskKey]:
+        """The waiting records whose conversation a give-up of ``key`` decides (its lineage
+        descendants waiting on it), without taking them off the index."""
+        out: list[TaskKey] = []
+        todo = list(self._late_index.waiting.get(key, ()))
+        while todo:
+            k = todo.pop()
+            if self.conversation(*k, keep=False) is None:  # asked only: the pass looks at it in turn
+                continue
+            out.append(k)
+            todo.extend(self._late_index.waiting.get(k, ()))
+        return out
+
+    def _check_late(self, late: list[tuple[int, TaskKey]], costs: list[TaskKey], horizon: int) -> None:
+        """For tests (_CHECK_LATE): every waiting record and cost left out of this pass is one a
+        look at every one would leave waiting too."""
+        chosen = {k for _, k in late}
+        for key, rec in self.late.items():
+            if key not in chosen and (self.conversation(*key) is not None or (rec.end_us or 0) < horizon):
+                LATE_FAILURES.append(f"record {key} left out")
+        for key in self.late_costs:
+            if key not in costs and (self.conversation(*key) is not None or not self.join.pending(key[1])):
+                LATE_FAILURES.append(f"cost {key} left out")
+
     # ------------------------------------------------------------ answers
-    def conversation(self, epoch: int, task: int, now: bool = False) -> Conversation | None:
+    def conversation(self, epoch: int, task: int, now: bool = False, keep: bool = True) -> Conversation | None:
         """(pseudonym or None, source) of a task once the log proves it, else None; with
         ``now``, what the log proves so far ("uncertain" while the join still works on it,
         nothing stored: a later line may still prove it).
@@ -275,7 +439,9 @@ class Attribution:
         header: the request's X-Conversation-Id. lineage: it sent none, so the conversation
         is that of the state it continued, if that state's conversation was itself found by
         lineage (an id-less request is never merged into a conversation that has an id), else
-        a new one. uncertain: the log cannot tell which request the task was."""
+        a new one. uncertain: the log cannot tell which request the task was. ``keep``: a
+        conversation found is kept (what the task's records say from then on); without it, only
+        asked."""
         key = (epoch, task)
         known = self._conv.get(key)
         if known is not None:
@@ -297,15 +463,16 @@ class Attribution:
             conv = None
             parent = self._lineage_parent.get(key)
             if parent is not None:
-                pc = self.conversation(*parent)
+                pc = self.conversation(*parent, keep=keep)
                 if pc is None:
                     return (None, "uncertain") if now else None
                 if pc[1] == "lineage":
                     conv = pc[0]
             out = (conv or self.pseudonymize(f"{self.lineage_scope}{epoch}:{task}"), "lineage")
-        self._conv[key] = out
-        if len(self._conv) > MAX_TASKS:
-            self._conv.popitem(last=False)
+        if keep:
+            self._conv[key] = out
+            if len(self._conv) > MAX_TASKS:
+                self._conv.popitem(last=False)
         return out
 
     def conversation_now(self, epoch: int, task: int) -> Conversation:
@@ -326,8 +493,12 @@ class Attribution:
                 self.sink.conversation_proven(rec, conv[0], conv[1])
             return
         self.late[key] = rec
+        self._late_index.began(key, rec.end_us or 0, self.join.pending(key[1]))
         if len(self.late) > MAX_LATE:
-            self.late.popitem(last=False)
+            self._late_index.seq.pop(self.late.popitem(last=False)[0], None)
+        if len(self._late_index.expiry) > 4 * MAX_LATE:  # most of it gone since: only what waits
+            self._late_index.expiry = [e for e in self._late_index.expiry if self._late_index.seq.get(e[2]) == e[1]]
+            heapq.heapify(self._late_index.expiry)
 
     def entry_evicted(self, source: TaskKey) -> None:
         self._evicted_unresolved.append((source, self.now()))
@@ -372,6 +543,8 @@ class Attribution:
                 self.sink.join_cost(known[1], (hi - lo) / 1e6)
             elif known is None and len(self.late_costs) < MAX_LATE:  # charged once proven
                 key = (self.epoch, task)
+                if key not in self.late_costs:
+                    self._late_index.cost_began(key, self.join.pending(task))
                 self.late_costs[key] = self.late_costs.get(key, 0.0) + (hi - lo) / 1e6
             else:
                 self.sink.join_cost("uncertain", (hi - lo) / 1e6)

@@ -585,6 +585,9 @@ class HeaderJoin:
         self.never_started = 0
         self.last_max_id = -1
         self.version = 0  # results stored so far
+        # the tasks that stopped being pending since the reader last took them (take_settled):
+        # stored, their result forgotten, or dropped unresolved; what a late proof looks at
+        self.settled: list[int] = []
         self._burst = 0  # try bursts seen (see _try_line)
         self._in_burst = False
         self._now_us = 0  # the log time of the last input that has one
@@ -606,6 +609,8 @@ class HeaderJoin:
     def _reset(self) -> None:
         if getattr(self, "_parked", None):
             self._close_window()
+        if getattr(self, "_unresolved", None):  # dropped unresolved (the join was not aligned)
+            self.settled.extend(sorted(self._unresolved))
         self._arrivals: list[_Arrival] = []
         self._clusters: list[int] = []  # each arrival's cluster, by position (never decreasing)
         self._open: list[int] = []  # unsettled arrivals (positions)
@@ -779,10 +784,18 @@ class HeaderJoin:
     def _store(self, task: int, res: tuple[str, str]) -> tuple[str, str]:
         self.version += 1
         self._results[task] = res
+        self.settled.append(task)
         self._names_changed(task)
         if len(self._results) > MAX_RESULTS:
-            self._names_changed(self._results.popitem(last=False)[0])
+            forgotten = self._results.popitem(last=False)[0]
+            self.settled.append(forgotten)
+            self._names_changed(forgotten)
         return res
+
+    def take_settled(self) -> list[int]:
+        """The tasks that stopped being pending since the last call (see ``settled``)."""
+        settled, self.settled = self.settled, []
+        return settled
 
     def _names_changed(self, task: int) -> None:
         """What _names_of says of the task may have changed: the open tasks whose name limits
