@@ -594,6 +594,11 @@ class HeaderJoin:
         self._results: OrderedDict[int, tuple[str, str]] = OrderedDict()
         self._parked: set[int] = set()  # ambiguous when this window closed: named later, or not
         self._closed: OrderedDict[int, _Window] = OrderedDict()  # parked task -> its closed window
+        # _name_closed looks again only at the closed tasks whose later prompts' names may have
+        # narrowed since its last look (a new holder, a holder's names changed), in _closed's order
+        self._closed_stale: set[int] = set()
+        self._closed_seq: dict[int, int] = {}
+        self._closed_count = 0
         self._first_seen: OrderedDict[str, int] = OrderedDict()  # conversation -> its first arrival (log time)
         self._names_forgotten = 0  # the oldest of _first_seen dropped (past MAX_NAMES)
         self._queue_us: OrderedDict[int, int] = OrderedDict()  # task -> arrival to launch, where known
@@ -725,7 +730,8 @@ class HeaderJoin:
             self._forget_looks(task)
             self._unresolved.discard(task)
             self._parked.discard(task)
-            self._closed.pop(task, None)
+            if self._closed.pop(task, None) is not None:
+                self._closed_seq.pop(task, None)
             res = self._store(task, (UNCERTAIN, ""))
         return res
 
@@ -742,6 +748,9 @@ class HeaderJoin:
         )
         for task in self._parked:
             self._closed[task] = window
+            self._closed_count += 1
+            self._closed_seq[task] = self._closed_count
+            self._closed_stale.add(task)
             self._names_changed(task)
         self._parked = set()
         while self._closed:
@@ -752,14 +761,27 @@ class HeaderJoin:
             ):
                 break
             del self._closed[task]
+            self._closed_seq.pop(task, None)
             self._store(task, (UNCERTAIN, ""))
 
     def _name_closed(self) -> None:
         """A later turn's prompt holds the exchange of a task of a closed window: that task
         carries one of the names the later request can carry (see _conversation_of); with it, the
         window's other tasks may be named too (each request one task)."""
+        seq = self._closed_seq
+        stale, self._closed_stale = self._closed_stale, set()
+        if _CHECK_LOOKS:
+            self._check_closed(stale)
+        todo = [(seq[t], t) for t in stale if t in self._closed]
+        heapq.heapify(todo)
         touched = []
-        for owner, window in list(self._closed.items()):
+        done: set[int] = set()
+        while todo:
+            at, owner = heapq.heappop(todo)
+            window = self._closed.get(owner)
+            if owner in done or window is None:
+                continue
+            done.add(owner)
             required = self._required_by_holders(owner)
             if required is None:
                 continue
@@ -768,6 +790,13 @@ class HeaderJoin:
                 window.cands[owner] = free
                 self._names_changed(owner)
                 touched.append(window)
+                # the owners this narrows: those after it in the order are looked at in this pass
+                marked, self._closed_stale = self._closed_stale, set()
+                for t in marked:
+                    if t in self._closed and seq[t] > at and t not in done:
+                        heapq.heappush(todo, (seq[t], t))
+                    else:
+                        self._closed_stale.add(t)
         for window in {id(w): w for w in touched}.values():
             bursts = window.bursts
             share = None if bursts is None else (lambda a, b, w=bursts: _may_be_one_request(w.get(a), w.get(b)))
@@ -778,8 +807,22 @@ class HeaderJoin:
             for task, names in named.items():
                 if len(names) == 1 and self._closed.get(task) is window:
                     del self._closed[task]
+                    self._closed_seq.pop(task, None)
                     name = names.pop()
                     self._store(task, (HEADER, name) if name else (NONE, ""))
+
+    def _check_closed(self, stale: set[int]) -> None:
+        """For tests (_CHECK_LOOKS): each closed task _name_closed leaves out keeps the arrivals
+        a look at it now would keep."""
+        for owner, window in self._closed.items():
+            if owner in stale:
+                continue
+            required = self._required_by_holders(owner)
+            if required is None:
+                continue
+            free = tuple(k for k in window.cands.get(owner, ()) if window.names[k] in required)
+            if free != window.cands.get(owner):
+                LOOK_FAILURES.append(f"closed task {owner} left out")
 
     def _store(self, task: int, res: tuple[str, str]) -> tuple[str, str]:
         self.version += 1
@@ -811,6 +854,8 @@ class HeaderJoin:
             self._stale.add(holds.owners[0])
             self._names_stale.add(holds.owners[0])
             self._by_time_names_stale.add(holds.owners[0])
+            if holds.owners[0] in self._closed:
+                self._closed_stale.add(holds.owners[0])
 
     def _by_time_names_changed(self, task: int) -> None:
         """_by_time gave the task other candidates: the names its chain allows change for
@@ -822,6 +867,8 @@ class HeaderJoin:
         holds = self._holds.get(task)
         if holds is not None and len(holds.owners) == 1:
             self._by_time_names_stale.add(holds.owners[0])
+            if holds.owners[0] in self._closed:
+                self._closed_stale.add(holds.owners[0])
 
     def _fail_unresolved(self, parked_too: bool = True) -> None:
         for task in self._unresolved | (self._parked if parked_too else set()):
@@ -1028,6 +1075,8 @@ class HeaderJoin:
             self._holds[task] = holds
             if len(holds.owners) == 1:
                 self._held_by.setdefault(holds.owners[0], []).append(task)
+                if holds.owners[0] in self._closed:  # a later prompt more that holds its exchange
+                    self._closed_stale.add(holds.owners[0])
             for owner in holds.owners:
                 self._holders_of.setdefault(owner, []).append(task)
                 self._stale.add(owner)  # the later prompts that hold its exchange: one more
