@@ -33,6 +33,7 @@ EVICTION_WAIT_US: Final = 60_000_000  # how long an eviction waits to learn whos
 MAX_LATE: Final = 1024
 _CHECK_LATE = False  # tests: check each late proof's pass against a look at every waiting record
 LATE_FAILURES: list[str] = []  # what those checks found (tests)
+LATE_CHECKED: list[int] = []  # the records and costs waiting at each check (tests)
 # A continuation keeps the whole state it continues (f_keep 1.000 in every recorded turn); two
 # conversations that merely share a system prompt keep less of each other.
 LINEAGE_MIN_F_KEEP: Final = 0.9
@@ -306,6 +307,7 @@ class Attribution:
         settled = [(self.epoch, t) for t in self.join.take_settled()]
         late, costs = self._late_candidates(settled, horizon)
         if _CHECK_LATE:
+            LATE_CHECKED.append(len(self.late) + len(self.late_costs))
             self._check_late(late, costs, horizon)
         while late:
             seq, key = heapq.heappop(late)
