@@ -73,7 +73,11 @@ def test_the_usual_line_is_read_as_the_general_path_reads_it(line: str) -> None:
     control characters (which only the general path looks for) it must give what the general
     path's regular expressions give: the timestamp, the level, the tag, the ids and the event."""
     assume(p._CONTROL.search(line) is None and "\ufffd" not in line and "\x1b" not in line)
-    assert p._parse_line(line) == p._parse_general(line)
+    general = p._parse_general(line)
+    assert p._parse_line(line) == general
+    for read in (p._usual_line, p._usual_line_by_regex):  # compiled, and in the interpreter
+        got = read(line)
+        assert got is None or got == general, read.__name__
 
 
 def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_reads_it() -> None:
@@ -91,6 +95,7 @@ def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_
     ]
     for line in shapes:
         assert p._usual_line(line) is not None  # the real shape takes the usual path
+        assert p._usual_line_by_regex(line) is not None
         prefix = line.index(" | ", line.index("task")) + 3 if "task" in line else line.index(": ") + 2
         for i in range(min(prefix + 2, len(line))):
             for edited in (
@@ -98,7 +103,11 @@ def test_every_one_character_edit_of_the_usual_line_is_read_as_the_general_path_
                 line[:i] + line[i] + line[i:],
                 *(line[:i] + c + line[i + 1 :] for c in "0/: -.x\t\n\u0663"),
             ):
-                assert p._parse_line(edited) == p._parse_general(edited), edited
+                general = p._parse_general(edited)
+                assert p._parse_line(edited) == general, edited
+                for read in (p._usual_line, p._usual_line_by_regex):
+                    got = read(edited)
+                    assert got is None or got == general, (read.__name__, edited)
 
 
 def test_a_failing_snapshot_is_counted_as_an_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -195,7 +196,19 @@ def test_recorded_logs_have_no_unrecognized_lines(log: str) -> None:
 @pytest.mark.parametrize("log", sorted(str(f.relative_to(LOGS)) for f in LOGS.rglob("*.log")))
 def test_the_one_match_path_reads_every_recorded_line_as_the_general_path_does(log: str) -> None:
     lines = (LOGS / log).read_text(errors="replace").splitlines()
-    assert [p._parse_line(line) for line in lines] == [p._parse_general(line) for line in lines]
+    general = [p._parse_general(line) for line in lines]
+    assert [p._parse_line(line) for line in lines] == general
+    # both readers of the usual line, whichever this package uses: by character (compiled) and
+    # by one regular expression (the interpreter); each reads the line as the general path or
+    # leaves it to it, and the usual shape is read by both
+    for read in (p._usual_line, p._usual_line_by_regex):
+        for line, expected in zip(lines, general, strict=True):
+            if "\ufffd" in line or "\x00" in line or "\x1b" in line:
+                continue  # _parse_line sends these to the general path before either reader
+            got = read(line)
+            assert got is None or got == expected, (read.__name__, line)
+            if p._usual_line(line) is not None:
+                assert got is not None, (read.__name__, line)
 
 
 @pytest.mark.parametrize("log", ["lv4-np2-text.log", "lv4-np2-jsonl.log", "lv3-np2-text.log"])
@@ -359,3 +372,27 @@ def test_a_decimal_read_by_character_is_the_float_float_reads() -> None:
         value, end = p._ascii_float(text + " MiB", 0)
         assert (end, repr(value)) == (len(text), repr(float(text))), text
     assert p._ascii_float("1. MiB", 0)[1] == -1 and p._ascii_float("- MiB", 0)[1] == -1
+
+
+def test_numbers_longer_than_a_native_integer_are_read_as_the_general_path_reads_them() -> None:
+    """Compiled, the readers by character count in 64-bit integers: any number of the prefix or of
+    a listing line made 18 to 40 digits long (INVENTED edits of real lines) is read as the
+    regular expressions read it, or left to them; none wraps around."""
+    shapes = [  # real lines (lv4-np2-text.log, the many-slot runs)
+        "0.13.964.349 I slot launch_slot_: id  0 | task 34 | processing task, is_child = 0",
+        "0.00.577.250 I srv        update:    - prompt 0x5593369e7000:     255 tokens, checkpoints:  2,    10.265 MiB",
+        "0.00.344.990 I srv          load:    - prompt with length     254, lcp =      12, f_keep = 0.047, f_sim = 0.047",
+    ]
+    for line in shapes:
+        for m in re.finditer(r"\d+", line):
+            for width in (18, 19, 20, 40):
+                edited = line[: m.start()] + "9" * width + line[m.end() :]
+                general = p._parse_general(edited)
+                assert p._parse_line(edited) == general, edited
+                for read in (p._usual_line, p._usual_line_by_regex):
+                    got = read(edited)
+                    assert got is None or got == general, (read.__name__, edited)
+                msg = edited[edited.index(": ", 30) + 2 :]
+                if msg.startswith("   - prompt "):
+                    fast = _listing_by_character(msg)
+                    assert fast is None or fast == _listing_by_regex(msg), msg

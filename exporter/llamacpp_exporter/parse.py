@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import ClassVar, Final, Union
+from typing import TYPE_CHECKING, ClassVar, Final, Union
+
+if TYPE_CHECKING:  # compiled, a native 64-bit integer; in the interpreter only an annotation
+    from mypy_extensions import i64
 
 # llama.cpp builds whose recorded logs the parser is tested on: tests/fixtures/logs/builds/
 # (tests/test_builds.py). Another build is read too, and warned about once.
@@ -703,16 +706,14 @@ _RE_CLEAR_PROMPT: Final = re.compile(r"clearing prompt with (\d+) tokens")
 _RE_PROGRESS: Final = re.compile(r"prompt processing, n_tokens = +(\d+)")
 _RE_SAVE: Final = re.compile(r" - saving prompt with length (\d+), total state size = " + _FLOAT + " MiB")
 _RE_LOOKUP: Final = re.compile(r" - looking for better prompt, base f_keep = " + _FLOAT + ", f_sim = " + _FLOAT)
-_RE_CANDIDATE: Final = re.compile(
-    r"   - prompt with length +(\d+), lcp = +(-?\d+), f_keep = ([-\d.]+), f_sim = ([-\d.]+)"
-)
+_CANDIDATE: Final = r"   - prompt with length +(\d+), lcp = +(-?\d+), f_keep = ([-\d.]+), f_sim = ([-\d.]+)"
+_RE_CANDIDATE: Final = re.compile(_CANDIDATE)
 _RE_FOUND: Final = re.compile(r" - found better prompt with f_keep = ([-\d.]+), f_sim = ([-\d.]+)")
 _RE_STATE: Final = re.compile(
     r" - cache state: (\d+) prompts, " + _FLOAT + r" MiB \(limits: " + _FLOAT + r" MiB(?:, (\d+) tokens, (\d+) est)?"
 )
-_RE_ENTRY: Final = re.compile(
-    r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +(\d+), +" + _FLOAT + " MiB"
-)
+_ENTRY: Final = r"   - prompt (0x[0-9a-f]+|\(nil\)|\w+): +(\d+) tokens, checkpoints: +(\d+), +" + _FLOAT + " MiB"
+_RE_ENTRY: Final = re.compile(_ENTRY)
 _RE_TOOK: Final = re.compile(r"prompt cache update took " + _FLOAT + " ms")
 _RE_EVICT: Final = re.compile(r"removing oldest entry \(size = " + _FLOAT + r" MiB\)")
 _RE_OBSOLETE: Final = re.compile(r" - removing obsolete cached prompt with length (\d+)")
@@ -876,13 +877,13 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
                 return PrefillProgress(slot, task, int(n))
     elif c == " ":
         s = msg.lstrip(" ")
+        if s.startswith("- skipping, is_processing = 1"):  # every busy slot at each selection
+            return SlotBusy(slot)
         if s.startswith("eval time"):
             m = _RE_EVAL_TIMING.match(s)
             if m:
                 ms, n, per_token = m.group(1, 2, 3)
                 return EvalTiming(slot, task, float(ms), int(n), float(per_token))
-        if s.startswith("- skipping, is_processing = 1"):
-            return SlotBusy(slot)
         if s.startswith(("total time", "graphs reused", "- skipping", "- checking sim", "acc per pos")):
             return IGNORED
         if s[:1].isdigit():  # the token ids of that dump, right-aligned
@@ -934,21 +935,22 @@ def _slot_event(slot: int, task: int, msg: str) -> Event:
     return UNRECOGNIZED
 
 
-# Compiled (mypyc), a listing line read by character costs half the regular expression's match;
-# pure Python, twice as much: read so only where this module is compiled (the same events either
-# way, tests/test_parse.py)
-LISTINGS_BY_CHARACTER: Final = __file__.endswith(".so")
+# Compiled (mypyc), a line's prefix and a listing line read by character cost a fraction of the
+# regular expressions' match; in the interpreter, more: read so only where this module is compiled
+# (_usual_line and the listings), by regular expressions in the interpreter (_usual_line_by_regex);
+# the same events either way (tests/test_parse.py, tests/test_fuzz.py)
+BY_CHARACTER: Final = __file__.endswith(".so")
 
 
-def _spaces(msg: str, k: int) -> int:
+def _spaces(msg: str, k: i64) -> i64:
     """Where the spaces from k on end."""
-    n = len(msg)
+    n: i64 = len(msg)
     while k < n and ord(msg[k]) == 32:
         k += 1
     return k
 
 
-def _spaced_number(msg: str, k: int, then: str, signed: bool = False) -> tuple[int, int]:
+def _spaced_number(msg: str, k: i64, then: str, signed: bool = False) -> tuple[i64, i64]:
     """At k: one space or more, ASCII digits (with a sign where ``signed``), then ``then``: the
     number and where ``then`` ends; -1 for where when the line is not so (or k is -1)."""
     first = _spaces(msg, k) if k >= 0 else k
@@ -968,50 +970,65 @@ def _entry_line(msg: str) -> CacheEntryListed | None:
     (the regular expression then decides): at -lv 4 the RAM cache lists every entry at each
     update, most of the lines of a server with many slots. tests/test_parse.py holds the two
     together."""
-    n = len(msg)
-    k = 12
+    n: i64 = len(msg)
+    k: i64 = 12
     while k < n:  # the entry: \w+ of ASCII, up to its colon
-        c = ord(msg[k])
+        c: i64 = ord(msg[k])
         if not (48 <= c <= 57 or 65 <= c <= 90 or 97 <= c <= 122 or c == 95):
             break
         k += 1
-    if k < n and ord(msg[k]) == 40 and msg[k : k + 6] == "(nil):" and k == 12:
+    if k == 12 and k < n and ord(msg[k]) == 40 and msg[k : k + 6] == "(nil):":
         k += 5
     if k == 12 or k >= n or ord(msg[k]) != 58:  # :
         return None
     colon = k
     tokens, k = _spaced_number(msg, colon + 1, " tokens, checkpoints:")
-    checkpoints, k = _spaced_number(msg, k, ",")
-    start = _spaces(msg, k) if k >= 0 else k
-    if start == k:
+    first = _spaces(msg, k) if k >= 0 else k
+    if first == k:
+        return None
+    checkpoints, e = _ascii_number(msg, first)  # then ",": by character, no slice
+    if e == first or e >= n or ord(msg[e]) != 44:
+        return None
+    start = _spaces(msg, e + 1)
+    if start == e + 1:
         return None
     mib, end = _ascii_float(msg, start)
-    if end < 0 or msg[end : end + 4] != " MiB":
+    if end < 0 or end + 4 > n or not _mib_at(msg, end):
         return None
     return CacheEntryListed(msg[12:colon], tokens, mib, checkpoints)
 
 
-def _ascii_float(msg: str, k: int) -> tuple[float, int]:
+def _mib_at(msg: str, k: i64) -> bool:
+    """msg[k:k + 4] == " MiB", by character (a slice costs more: it is made, then compared)."""
+    return ord(msg[k]) == 32 and ord(msg[k + 1]) == 77 and ord(msg[k + 2]) == 105 and ord(msg[k + 3]) == 66
+
+
+def _ascii_float(msg: str, k: i64) -> tuple[float, i64]:
     r"""An ASCII -?\d+(\.\d+)? from k on as float() reads it, and where it ends (-1: none).
     Of at most 15 digits, the digits as one integer over a power of ten: both exact as doubles,
     so the one division rounds the decimal as float() does (correctly rounded, both)."""
-    n = len(msg)
+    n: i64 = len(msg)
     start = k
     negative = k < n and ord(msg[k]) == 45  # -
     if negative:
         k += 1
-    whole, e = _ascii_number(msg, k)
+    scaled, e = _ascii_number(msg, k)
     if e == k:
         return 0.0, -1
-    digits, scaled = e - k, whole
+    digits = e - k
     if e < n and ord(msg[e]) == 46:  # .
-        part, f = _ascii_number(msg, e + 1)
+        f = e + 1
+        while f < n:  # the fraction's digits carry on the same integer (used only up to 15 digits)
+            c: i64 = ord(msg[f])
+            if c < 48 or c > 57:
+                break
+            scaled = scaled * 10 + c - 48
+            f += 1
         if f == e + 1:
             return 0.0, -1
         digits += f - e - 1
         if digits <= 15:
-            scaled = whole * _POW10[f - e - 1] + part
-            value = scaled / _POW10[f - e - 1]
+            value = float(scaled) / _POW10[f - e - 1]
             return (-value if negative else value), f
         return float(msg[start:f]), f
     if digits > 15:
@@ -1020,7 +1037,7 @@ def _ascii_float(msg: str, k: int) -> tuple[float, int]:
     return (-value if negative else value), e
 
 
-_POW10: Final = tuple(10**i for i in range(16))
+_POW10: Final = tuple(float(10**i) for i in range(16))  # exact as doubles
 
 
 def _candidate_line(msg: str) -> CacheCandidate | None:
@@ -1036,16 +1053,16 @@ def _candidate_line(msg: str) -> CacheCandidate | None:
         return None
     sim_start = keep_end + 10
     sim_end = _printed_end(msg, sim_start)
-    if sim_end == sim_start or (sim_end < len(msg) and not msg[sim_end].isascii()):
+    if sim_end == sim_start or (sim_end < len(msg) and ord(msg[sim_end]) > 127):
         return None  # a digit of another script may follow: the regular expression's
     return CacheCandidate(n_tokens, lcp, msg[keep_start:keep_end], msg[sim_start:sim_end])
 
 
-def _printed_end(msg: str, k: int) -> int:
+def _printed_end(msg: str, k: i64) -> i64:
     """Where a run of ASCII digits, "-" and "." from k on ends."""
-    n = len(msg)
+    n: i64 = len(msg)
     while k < n:
-        c = ord(msg[k])
+        c: i64 = ord(msg[k])
         if not (48 <= c <= 57 or c == 45 or c == 46):
             break
         k += 1
@@ -1061,46 +1078,52 @@ def _srv_event(msg: str) -> Event:
     checkpoints: str
     mib: str
     ms: str
+    entries: str
+    size: str
+    limit: str
     # The prompt-cache narrative carries no ids; the assembler attaches it to the
     # slot whose selection (or idle save) started it.
-    if msg.startswith(" - ") or msg.startswith("   - "):
-        if msg.startswith("   - prompt with length"):
-            candidate = _candidate_line(msg) if LISTINGS_BY_CHARACTER else None
+    if msg.startswith("   - prompt "):  # the listings: most lines of a server with many slots
+        if len(msg) > 12 and ord(msg[12]) == 119 and msg.startswith("   - prompt with length"):  # w
+            candidate = _candidate_line(msg) if BY_CHARACTER else None
             if candidate is not None:
                 return candidate
             m = _RE_CANDIDATE.match(msg)
             if m:
-                n, lcp, f_keep, f_sim = m.group(1, 2, 3, 4)
+                n, lcp, f_keep, f_sim = m.groups()
                 return CacheCandidate(int(n), int(lcp), f_keep, f_sim)
-        elif msg.startswith("   - prompt "):
-            entry_listed = _entry_line(msg) if LISTINGS_BY_CHARACTER else None
-            if entry_listed is not None:
-                return entry_listed
-            m = _RE_ENTRY.match(msg)
-            if m:
-                entry, n, checkpoints, mib = m.group(1, 2, 3, 4)
-                return CacheEntryListed(entry, int(n), float(mib), int(checkpoints))
-        elif msg.startswith(" - cache state"):
+            return UNRECOGNIZED
+        entry_listed = _entry_line(msg) if BY_CHARACTER else None
+        if entry_listed is not None:
+            return entry_listed
+        m = _RE_ENTRY.match(msg)
+        if m:
+            entry, n, checkpoints, mib = m.groups()
+            return CacheEntryListed(entry, int(n), float(mib), int(checkpoints))
+        return UNRECOGNIZED
+    if msg[:1] == " " and (msg.startswith(" - ") or msg.startswith("   - ")):
+        # the RAM cache's state at each update, its lookup at each selection: the most frequent first
+        if msg.startswith(" - cache state"):
             m = _RE_STATE.match(msg)
             if m:
-                tokens, est = m.group(4), m.group(5)
+                entries, size, limit, tokens, est = m.groups()
                 return CacheState(
-                    int(m.group(1)),
-                    float(m.group(2)),
-                    float(m.group(3)),
+                    int(entries),
+                    float(size),
+                    float(limit),
                     int(tokens) if tokens else None,
                     int(est) if est else None,
                 )
-        elif msg.startswith(" - saving prompt"):
-            m = _RE_SAVE.match(msg)
-            if m:
-                n, mib = m.group(1, 2)
-                return PromptSaved(int(n), float(mib))
         elif msg.startswith(" - looking for better prompt"):
             m = _RE_LOOKUP.match(msg)
             if m:
-                f_keep, f_sim = m.group(1, 2)
+                f_keep, f_sim = m.groups()
                 return CacheLookup(float(f_keep), float(f_sim))
+        elif msg.startswith(" - saving prompt"):
+            m = _RE_SAVE.match(msg)
+            if m:
+                n, mib = m.groups()
+                return PromptSaved(int(n), float(mib))
         elif msg.startswith(" - found better prompt"):
             m = _RE_FOUND.match(msg)
             if m:
@@ -1297,7 +1320,7 @@ def parse_line(line: str) -> ParsedLine:
 
 def _parse_line(line: str) -> ParsedLine:
     if "\ufffd" not in line and "\x00" not in line and "\x1b" not in line:
-        parsed = _usual_line(line)
+        parsed = _usual_line(line) if BY_CHARACTER else _usual_line_by_regex(line)
         if parsed is not None:
             return parsed
         if line[:1] == "\t" and (line[1:].isprintable() or _CONTROL.search(line) is None):
@@ -1319,14 +1342,20 @@ def _usual_line(line: str) -> ParsedLine | None:
     bytes that were not UTF-8. By character, not by a regular expression: this runs for every
     line, and compiled (setup.py) a character costs a few machine instructions where a match
     costs thousands. tests/test_parse.py holds it to the general path, line for line."""
-    n = len(line)
+    n: i64 = len(line)
     minutes, i = _ascii_number(line, 0)
-    # ".SS.mmm.uuu L tag  " and the function column (12 characters), then ": "
-    if i == 0 or i + 33 > n:
+    # ".SS.mmm.uuu L tag  " and the function column (12 characters), then ": "; minutes of up
+    # to 9 digits (1,900 years), so that the microseconds fit a native 64-bit integer
+    if i == 0 or i > 9 or i + 33 > n:
         return None
-    s1, s2 = ord(line[i + 1]), ord(line[i + 2])
-    m1, m2, m3 = ord(line[i + 4]), ord(line[i + 5]), ord(line[i + 6])
-    u1, u2, u3 = ord(line[i + 8]), ord(line[i + 9]), ord(line[i + 10])
+    s1: i64 = ord(line[i + 1])
+    s2: i64 = ord(line[i + 2])
+    m1: i64 = ord(line[i + 4])
+    m2: i64 = ord(line[i + 5])
+    m3: i64 = ord(line[i + 6])
+    u1: i64 = ord(line[i + 8])
+    u2: i64 = ord(line[i + 9])
+    u3: i64 = ord(line[i + 10])
     if not (
         ord(line[i]) == 46  # .
         and ord(line[i + 3]) == 46
@@ -1353,31 +1382,33 @@ def _usual_line(line: str) -> ParsedLine | None:
         - 533_333_328
     )
     i += 12
-    level = ord(line[i])
+    level: i64 = ord(line[i])
     if (level != 73 and level != 87 and level != 69) or ord(line[i + 1]) != 32 or ord(line[i + 6]) != 32:  # I W E
         return None
-    tag = line[i + 2 : i + 6]
-    if tag != "slot" and tag != "srv " and tag != "cmn " and tag != "que " and tag != "res " and tag != "spec":
+    tag = _tag_at(line, i + 2)
+    if not tag:
         return None
-    j = i + 19
-    if ord(line[j]) != 58 or ord(line[j + 1]) != 32 or line.find("\n", i + 7, j) >= 0:  # ": ", "." is no newline
+    j: i64 = i + 19
+    if ord(line[j]) != 58 or ord(line[j + 1]) != 32:  # ": "
+        return None
+    if "\n" in line and line.find("\n", i + 7, j) >= 0:  # "." is no newline (a memchr first)
         return None
     j += 2
     if j + 3 <= n and ord(line[j]) == 105 and ord(line[j + 1]) == 100 and ord(line[j + 2]) == 32:  # "id "
         # "id +(\d+) \| task (-?\d+) \| ", or no ids at all
-        k = j + 3
+        k: i64 = j + 3
         while k < n and ord(line[k]) == 32:
             k += 1
         first = k
         slot, k = _ascii_number(line, k)
-        if k > first and line[k : k + 8] == " | task ":
+        if k > first and _bar_at(line, k) and line[k + 3 : k + 8] == "task ":
             k += 8
             negative = k < n and ord(line[k]) == 45  # -
             if negative:
                 k += 1
             first = k
             task, k = _ascii_number(line, k)
-            if k > first and line[k : k + 3] == " | ":
+            if k > first and _bar_at(line, k):
                 event = _tagged_event(tag, slot, -task if negative else task, line[k + 3 :])
                 if event is UNRECOGNIZED:
                     event = unrecognized(tag, line[i + 7 : i + 19])
@@ -1389,16 +1420,84 @@ def _usual_line(line: str) -> ParsedLine | None:
     return ParsedLine(ts, event)
 
 
-def _ascii_number(line: str, k: int) -> tuple[int, int]:
-    """The ASCII digits from k on as a number, and where they end (k itself: no digit there)."""
-    n = len(line)
-    value = 0
+# _usual_line's shape as one regular expression, for the interpreter (faster there than a
+# character at a time), with a RAM-cache listing's message (at -lv 4 most lines of a server
+# with many slots) read in the same match, as _srv_event reads it
+_USUAL: Final = re.compile(
+    r"([0-9]{1,9})\.([0-9][0-9])\.([0-9]{3})\.([0-9]{3}) [IWE] (slot|srv |que |res |cmn |spec) [^\n]{12}: "
+    r"(?:id +([0-9]{1,18}) \| task (-?)([0-9]{1,18}) \| )?"
+    r"(?:" + _CANDIDATE + "|" + _ENTRY + ")?"
+)
+
+
+def _usual_line_by_regex(line: str) -> ParsedLine | None:
+    """_usual_line by one regular expression, for the interpreter: the same lines read, the same
+    left to the general path (tests/test_fuzz.py holds both to it)."""
+    m = _USUAL.match(line)
+    if m is None:
+        return None
+    minutes, sec, ms, us, tag, slot, sign, task, n, lcp, f_keep, f_sim, entry, tokens, checkpoints, mib = m.groups()
+    ts = int(minutes) * 60_000_000 + int(sec) * 1_000_000 + int(ms) * 1000 + int(us)
+    event: Event
+    if slot is None:
+        if n is not None and tag == "srv ":
+            return ParsedLine(ts, CacheCandidate(int(n), int(lcp), f_keep, f_sim))
+        if entry is not None and tag == "srv ":
+            return ParsedLine(ts, CacheEntryListed(entry, int(tokens), float(mib), int(checkpoints)))
+        msg = line[m.end(5) + 15 :]  # after the tag, " ", the function column and ": "
+        if msg.startswith("id "):
+            return None  # not the usual ids: the general path's
+        event = _tagged_event(tag, -1, 0, msg)
+    else:
+        event = _tagged_event(tag, int(slot), -int(task) if sign else int(task), line[m.end(8) + 3 :])
+    if event is UNRECOGNIZED:
+        at = m.start(5) + 5
+        event = unrecognized(tag, line[at : at + 12])
+    return ParsedLine(ts, event)
+
+
+def _bar_at(line: str, k: i64) -> bool:
+    """line[k:k + 3] == " | ", by character."""
+    return k + 3 <= len(line) and ord(line[k]) == 32 and ord(line[k + 1]) == 124 and ord(line[k + 2]) == 32
+
+
+def _tag_at(line: str, k: i64) -> str:
+    """The logger's tag at k as one of the constants _TAGGED knows, "" for none: read by
+    character, no slice made."""
+    c0: i64 = ord(line[k])
+    c1: i64 = ord(line[k + 1])
+    c2: i64 = ord(line[k + 2])
+    c3: i64 = ord(line[k + 3])
+    if c0 == 115:  # s
+        if c1 == 108 and c2 == 111 and c3 == 116:
+            return "slot"
+        if c1 == 114 and c2 == 118 and c3 == 32:
+            return "srv "
+        if c1 == 112 and c2 == 101 and c3 == 99:
+            return "spec"
+    elif c0 == 99 and c1 == 109 and c2 == 110 and c3 == 32:
+        return "cmn "
+    elif c0 == 113 and c1 == 117 and c2 == 101 and c3 == 32:
+        return "que "
+    elif c0 == 114 and c1 == 101 and c2 == 115 and c3 == 32:
+        return "res "
+    return ""
+
+
+def _ascii_number(line: str, k: i64) -> tuple[i64, i64]:
+    """The ASCII digits from k on as a number, and where they end (k itself: no digit there,
+    or more than 18: a native 64-bit integer holds 18 digits; the general path reads longer)."""
+    n: i64 = len(line)
+    start = k
+    value: i64 = 0
     while k < n:
-        c = ord(line[k])
+        c: i64 = ord(line[k])
         if c < 48 or c > 57:
             break
         value = value * 10 + c - 48
         k += 1
+    if k - start > 18:
+        return 0, start
     return value, k
 
 

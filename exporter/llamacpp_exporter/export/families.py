@@ -42,6 +42,11 @@ class CounterValues:
     def add(self, key: tuple[str, ...], amount: float = 1.0) -> None:
         self.values[key] = self.values.get(key, 0.0) + amount
 
+    def forget(self, model: str) -> None:
+        """The model's series go (it is served no more)."""
+        for key in [k for k in self.values if k[0] == model]:
+            del self.values[key]
+
     def _family(self, children: Iterable[tuple[tuple[str, ...], float]]) -> Metric:
         f = self.metric_family(self.name, self.doc, labels=self.labelnames)
         for key, value in children:
@@ -96,14 +101,20 @@ class HistogramValues:
             c = self.children[key] = ([0.0] * len(self.bounds), [None] * len(self.bounds), [0.0, 0.0])
         return c
 
-    def observe(self, key: tuple[str, ...], value: float, exemplar: dict[str, str]) -> None:
+    def forget(self, model: str) -> None:
+        """The model's series go (it is served no more)."""
+        for key in [k for k in self.children if k[0] == model]:
+            del self.children[key]
+
+    def observe(self, key: tuple[str, ...], value: float, exemplar: dict[str, str] | None) -> None:
         counts, exemplars, total = self.child(key)
         total[0] += value
         total[1] += 1  # observations, NaN included: the child's version
         if value <= math.inf:  # not NaN: the first bucket whose bound is >= the value
             i = bisect.bisect_left(self.bounds, value)
             counts[i] += 1
-            exemplars[i] = (exemplar, value, time.time())
+            if exemplar is not None:
+                exemplars[i] = (exemplar, value, time.time())
 
     def _family(self, children: Iterable[tuple[tuple[str, ...], HistogramChild]]) -> Metric:
         f = HistogramMetricFamily(self.name, self.doc, labels=self.labelnames)

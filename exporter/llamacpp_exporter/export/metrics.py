@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -24,7 +23,7 @@ from .concerns import CONCERNS
 from .contention import ContentionMetrics
 from .conversations import ConversationCosts
 from .exposition import Encoding, render_families
-from .families import CounterValues, FamiliesCollector, GaugeValues
+from .families import CounterValues, FamiliesCollector, GaugeValues, HistogramValues
 from .latency import LatencyMetrics
 from .request_endings import RequestEndingsMetrics
 
@@ -111,16 +110,6 @@ def _the(concerns: list[ConcernMetrics], kind: type[_C]) -> _C:
     return next(c for c in concerns if isinstance(c, kind))
 
 
-@dataclass(slots=True)
-class _CacheSeries:
-    """One model's RAM-cache counters (prometheus_client's children of the families below)."""
-
-    saves: Counter
-    evictions: Counter
-    evicted_bytes: Counter
-    update: Histogram
-
-
 class LogMetrics:
     """Facts read straight from log lines, no assembly needed (the assembler passes them on),
     and the pipeline's own counts of what it read. Facts of a server process carry its model:
@@ -141,22 +130,25 @@ class LogMetrics:
             "llamacpp_prompt_cache_limit_bytes", "Size limit of the RAM prompt cache in bytes (--cache-ram).", m
         )
         registry.register(FamiliesCollector([self.cache_entries, self.cache_bytes, self.cache_limit]))
-        self.cache_saves = Counter(
-            "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", m, registry=r
+        # counted or observed at cache lines: plain numbers too
+        self.cache_saves = CounterValues(
+            "llamacpp_prompt_cache_saves", "Slot prompts saved into the RAM prompt cache.", m, space=()
         )
-        self.cache_evictions = Counter(
-            "llamacpp_prompt_cache_evictions", "Entries evicted from the RAM prompt cache.", m, registry=r
+        self.cache_evictions = CounterValues(
+            "llamacpp_prompt_cache_evictions", "Entries evicted from the RAM prompt cache.", m, space=()
         )
-        self.cache_evicted_bytes = Counter(
-            "llamacpp_prompt_cache_evicted_bytes", "Bytes evicted from the RAM prompt cache.", m, registry=r
+        self.cache_evicted_bytes = CounterValues(
+            "llamacpp_prompt_cache_evicted_bytes", "Bytes evicted from the RAM prompt cache.", m, space=()
         )
-        self.cache_update = Histogram(
+        self.cache_update = HistogramValues(
             "llamacpp_prompt_cache_update_duration_seconds",
             "Time of one RAM prompt-cache save/load/update at slot selection.",
             m,
             buckets=CACHE_UPDATE_BUCKETS,
-            registry=r,
+            space=(),
         )
+        self._cache_families = (self.cache_saves, self.cache_evictions, self.cache_evicted_bytes, self.cache_update)
+        registry.register(FamiliesCollector(list(self._cache_families)))
         # Set or counted for every line or every few: plain numbers, rendered at scrape time
         # (no lock, no label lookup on the hot path), as client_python advises for exporters.
         self.in_progress = GaugeValues(
@@ -218,7 +210,7 @@ class LogMetrics:
             "llamacpp_exporter_log_lines_total as read; its event is skipped.",
             registry=r,
         )
-        self.log_tokens = Counter(
+        self.log_tokens = CounterValues(
             "llamacpp_exporter_log_tokens",
             "Tokens the log accounts for, by kind, of every task that ended (child tasks of n > 1 requests and "
             "embeddings too): prompt_computed (its timings, or its prompt less what it reused), prompt_cached "
@@ -226,8 +218,9 @@ class LogMetrics:
             "llama-server's own counters (llamacpp_server_prompt_tokens_total, _prompt_tokens_cached_total, "
             "_tokens_predicted_total): far less means the exporter is blind (LlamaCppExporterBlind).",
             ["model", "kind"],
-            registry=r,
+            space=(LOG_TOKEN_KINDS,),
         )
+        registry.register(FamiliesCollector([self.log_tokens]))
         self.out_of_order = Counter(
             "llamacpp_exporter_log_lines_out_of_order",
             "Lines whose timestamp went back without a restart (a stray line): counted at the current time.",
@@ -236,18 +229,12 @@ class LogMetrics:
         )
         self._slots: dict[str, set[int]] = {}
         self.models: set[str] = set()
-        # each model's RAM-cache children, looked up once: labels() costs more than the update
-        self._cache_series: dict[str, _CacheSeries] = {}
         self._builds: dict[str, tuple[str, str]] = {}  # model -> the build labels it shows
         self.restarts_seen = 0  # of every model, forgotten ones too
         # the families labelled by model alone: a model's series exist from model_known (at 0,
         # or -1 while unknown) to forget_model. A new one is added here, and nowhere else.
         self._model_values = (self.cache_entries, self.cache_bytes, self.cache_limit)
-        self._model_counts: tuple[Counter | Gauge | Histogram, ...] = (
-            self.cache_saves,
-            self.cache_evictions,
-            self.cache_evicted_bytes,
-            self.cache_update,
+        self._model_counts: tuple[Counter | Gauge, ...] = (
             self.arrivals_dropped,
             self.restarts,
             self.out_of_order,
@@ -266,8 +253,8 @@ class LogMetrics:
             k.labels(model)
         for g in self._model_unknown:
             g.labels(model).set(-1)
-        for kind in LOG_TOKEN_KINDS:
-            self.log_tokens.labels(model, kind)
+        for f in (*self._cache_families, self.log_tokens):
+            f.known(model)
 
     def forget_model(self, model: str) -> None:
         """A model the log no longer serves (a router's "", a child that exited): its series go."""
@@ -281,12 +268,8 @@ class LogMetrics:
                 g.remove(model)
             except KeyError:
                 pass
-        for kind in LOG_TOKEN_KINDS:
-            try:
-                self.log_tokens.remove(model, kind)
-            except KeyError:
-                pass
-        self._cache_series.pop(model, None)
+        for f in (*self._cache_families, self.log_tokens):
+            f.forget(model)
         self._remove_build(model)
         for key in [k for k in self.prefill_tokens_in_progress if k[0] == model]:
             del self.prefill_tokens_in_progress[key]
@@ -318,17 +301,6 @@ class LogMetrics:
     def internal_error(self) -> None:
         self.internal_errors.inc()
 
-    def _cache(self, model: str) -> _CacheSeries:
-        c = self._cache_series.get(model)
-        if c is None:
-            c = self._cache_series[model] = _CacheSeries(
-                self.cache_saves.labels(model),
-                self.cache_evictions.labels(model),
-                self.cache_evicted_bytes.labels(model),
-                self.cache_update.labels(model),
-            )
-        return c
-
     def cache_state(self, model: str, entries: int, size_bytes: float, limit_bytes: float) -> None:
         key = (model,)
         self.cache_entries.values[key] = float(entries)
@@ -336,15 +308,14 @@ class LogMetrics:
         self.cache_limit.values[key] = limit_bytes
 
     def cache_saved(self, model: str) -> None:
-        self._cache(model).saves.inc()
+        self.cache_saves.add((model,))
 
     def cache_evicted(self, model: str, size_bytes: float) -> None:
-        c = self._cache(model)
-        c.evictions.inc()
-        c.evicted_bytes.inc(size_bytes)
+        self.cache_evictions.add((model,))
+        self.cache_evicted_bytes.add((model,), size_bytes)
 
     def cache_update_duration(self, model: str, seconds: float) -> None:
-        self._cache(model).update.observe(seconds)
+        self.cache_update.observe((model,), seconds, None)
 
     def prefill_in_progress(self, model: str, slot: int, tokens: int) -> None:
         if slot in self._slots.get(model, ()):  # a slot id the server announced: labels stay bounded
@@ -371,9 +342,11 @@ class LogMetrics:
         self.out_of_order.labels(model).inc(n)
 
     def tokens_accounted(self, model: str, computed: int | None, cached: int | None, generated: int | None) -> None:
+        values = self.log_tokens.values
         for kind, n in zip(LOG_TOKEN_KINDS, (computed, cached, generated), strict=True):
             if n:
-                self.log_tokens.labels(model, kind).inc(n)
+                key = (model, kind)
+                values[key] = values.get(key, 0.0) + n
 
     def diagnostics(self, model: str, available: bool, verbosity: int | None) -> None:
         self.diag_available.labels(model).set(1 if available else 0)
