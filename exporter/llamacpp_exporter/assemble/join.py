@@ -430,16 +430,17 @@ def assignable(cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] 
     for task in sorted(cands):
         if not augment(task, cands, holder, held):
             return None
-    # nodes: ("t", task), ("a", arrival). Edges: task -> a candidate it does not hold,
-    # arrival -> the task holding it. reach: nodes from which a free arrival can be reached.
-    into: dict[tuple[str, int], list[tuple[str, int]]] = {}  # reversed edges
+    # nodes: a task t is 2t, an arrival k is 2k + 1 (plain numbers: no tuple made or hashed).
+    # Edges: task -> a candidate it does not hold, arrival -> the task holding it. reach: nodes
+    # from which a free arrival can be reached.
+    into: dict[int, list[int]] = {}  # reversed edges
     for task, free in cands.items():
         for k in free:
             if held[task] == k:
-                into.setdefault(("t", task), []).append(("a", k))
+                into.setdefault(2 * task, []).append(2 * k + 1)
             else:
-                into.setdefault(("a", k), []).append(("t", task))
-    reach = {("a", k) for free in cands.values() for k in free if k not in holder}
+                into.setdefault(2 * k + 1, []).append(2 * task)
+    reach = {2 * k + 1 for free in cands.values() for k in free if k not in holder}
     stack = list(reach)
     while stack:
         for prev in into.get(stack.pop(), ()):
@@ -449,28 +450,30 @@ def assignable(cands: dict[int, tuple[int, ...]]) -> dict[int, tuple[int, ...]] 
     component = _components(cands, held)
     out = {}
     for task, free in cands.items():
-        ct = component[("t", task)]
-        out[task] = tuple(k for k in free if held[task] == k or ("a", k) in reach or component.get(("a", k)) == ct)
+        ct = component[2 * task]
+        out[task] = tuple(
+            k for k in free if held[task] == k or 2 * k + 1 in reach or component.get(2 * k + 1, -1) == ct
+        )
     return out
 
 
-def _components(cands: dict[int, tuple[int, ...]], held: dict[int, int]) -> dict[tuple[str, int], int]:
+def _components(cands: dict[int, tuple[int, ...]], held: dict[int, int]) -> dict[int, int]:
     """Strongly connected components (Tarjan, iterative) of: task -> arrival it does not hold,
-    arrival -> the task holding it."""
-    succ: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    arrival -> the task holding it (a task t is node 2t, an arrival k node 2k + 1)."""
+    succ: dict[int, list[int]] = {}
     for task, free in cands.items():
-        succ[("t", task)] = [("a", k) for k in free if held[task] != k]
-        succ[("a", held[task])] = [("t", task)]
-    index: dict[tuple[str, int], int] = {}
-    low: dict[tuple[str, int], int] = {}
-    comp: dict[tuple[str, int], int] = {}
-    on_stack: set[tuple[str, int]] = set()
-    stack: list[tuple[str, int]] = []
+        succ[2 * task] = [2 * k + 1 for k in free if held[task] != k]
+        succ[2 * held[task] + 1] = [2 * task]
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    comp: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
     counter = 0
     for root in succ:
         if root in index:
             continue
-        work = [(root, 0)]
+        work: list[tuple[int, int]] = [(root, 0)]
         while work:
             node, i = work.pop()
             if i == 0:
