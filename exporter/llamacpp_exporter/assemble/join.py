@@ -527,22 +527,41 @@ class _Window:
 MAX_WINDOWS: Final = 32  # closed windows whose ambiguous tasks a later turn may still name
 
 
-@dataclass(slots=True)
 class _Look:
-    """What an open task's candidates were made of at its last look (HeaderJoin._candidates)."""
+    """What an open task's candidates were made of at its last look (HeaderJoin._candidates).
+    A plain class: one is made at most looks, and compiled (mypyc) a dataclass's __init__ runs
+    in the interpreter."""
 
-    own: tuple[int, int, tuple[tuple[int, int, int], ...], int]  # cluster bounds, tries, after
-    first: int
-    end: int
-    claims: tuple[tuple[int, int], ...]
-    untried: int
-    pre: tuple[int, ...]  # the candidates, names aside
-    names_key: tuple[Any, ...]
-    free: tuple[int, ...]
+    __slots__ = ("own", "first", "end", "claims", "untried", "pre", "names_key", "free")
+
+    def __init__(
+        self,
+        own: tuple[int, int, tuple[tuple[int, int, int], ...], int],  # cluster bounds, tries, after
+        first: int,
+        end: int,
+        claims: tuple[tuple[int, int], ...],
+        untried: int,
+        pre: tuple[int, ...],  # the candidates, names aside
+        names_key: tuple[Any, ...],
+        free: tuple[int, ...],
+    ) -> None:
+        self.own = own
+        self.first = first
+        self.end = end
+        self.claims = claims
+        self.untried = untried
+        self.pre = pre
+        self.names_key = names_key
+        self.free = free
 
 
 # the names a task's chain allows and the names later prompts require (None: any); None: neither
 _Limits = tuple[set[str] | None, set[str] | None] | None
+
+
+def _claims_within(claims: tuple[tuple[int, int], ...], first: int, end: int) -> tuple[tuple[int, int], ...]:
+    """The claims (position, task), in position order, on the positions first..end."""
+    return claims[bisect.bisect_left(claims, (first, -(1 << 62))) : bisect.bisect_right(claims, (end, 1 << 62))]
 
 
 def _same(a: list[set[str] | None], b: list[set[str] | None]) -> bool:
@@ -1668,7 +1687,8 @@ class HeaderJoin:
             # changed; a range that only shrank (ranks bounded by a new id) costs two bisections
             lo_u, hi_u = min(look.untried, untried), max(look.untried, untried)
             changed = set(range(max(lo_u, first), min(hi_u, end + 1)))
-            if look.claims != claims:
+            if look.claims != claims and _claims_within(look.claims, first, end) != claims:
+                # (a range that only shrank drops the claims outside it: those change nothing)
                 changed.update(k for k, _ in set(look.claims).symmetric_difference(claims) if first <= k <= end)
             kept: Sequence[int] = look.pre[bisect.bisect_left(look.pre, first) : bisect.bisect_right(look.pre, end)]
             if changed:
