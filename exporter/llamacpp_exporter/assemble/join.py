@@ -1399,9 +1399,12 @@ class HeaderJoin:
         while i >= 0 and sm[i] > term:
             sm[i] = term
             # its upper rank bound i + term: below where its last look's range ended, the range
-            # may end earlier (at or past it, the range is the same: _candidates)
+            # may end earlier (at or past it, the range is the same: _candidates). Only a range
+            # that loses one of its last look's candidates changes them: one ending at or past the
+            # last of them has the same (the look kept stands for it, as for any range its
+            # candidates stay in: _candidates compares with the look it has)
             look = looks.get(ids[i])
-            if look is None or i + term < look.end:
+            if look is None or (i + term < look.end and bool(look.free) and i + term < look.free[-1]):
                 self._stale.add(ids[i])
             i -= 1
 
