@@ -1391,6 +1391,13 @@ class HeaderJoin:
                 moved.update(open_ids[bisect.bisect_left(open_ids, bottom) : bisect.bisect_left(open_ids, t)])
         return sorted(moved)
 
+    def _range_end(self, task: int, hi: int) -> int:
+        """Where the task's range of positions ends for an upper rank bound hi (_candidates):
+        at the end of hi's cluster, not past its last possible position."""
+        last = self._last_owner[task]
+        end = min(hi, last)
+        return min(last, bisect.bisect_right(self._clusters, self._clusters[end], end) - 1)
+
     def _lower_suffix(self, i: int, term: int) -> None:
         """ids[i]'s rank bound term fell to ``term``: the suffix minima from i down that it lowers,
         and the tasks whose bounds they are looked at again."""
@@ -1400,12 +1407,17 @@ class HeaderJoin:
             sm[i] = term
             # its upper rank bound i + term: below where its last look's range ended, the range
             # may end earlier (at or past it, the range is the same: _candidates). Only a range
-            # that loses one of its last look's candidates changes them: one ending at or past the
-            # last of them has the same (the look kept stands for it, as for any range its
-            # candidates stay in: _candidates compares with the look it has)
+            # that loses one of its last look's candidates changes them (or ends below its lower
+            # bound, i): one still ending at or past the last of them has the same (the look
+            # kept stands for it, as for any range its candidates stay in: _candidates compares
+            # with the look it has)
             look = looks.get(ids[i])
-            if look is None or (i + term < look.end and bool(look.free) and i + term < look.free[-1]):
+            if look is None:
                 self._stale.add(ids[i])
+            elif i + term < look.end:
+                hi = i + term
+                if hi < i or (look.free and self._range_end(ids[i], hi) < look.free[-1]):
+                    self._stale.add(ids[i])
             i -= 1
 
     def _check_looks(self) -> None:
@@ -1652,8 +1664,7 @@ class HeaderJoin:
         # whole clusters: from the first of lo's to the last of end's, not past `last`
         clusters = self._clusters
         first = bisect.bisect_left(clusters, clusters[lo], 0, lo) if lo > 0 else 0
-        end = min(hi, last)
-        end = min(last, bisect.bisect_right(clusters, clusters[end], end) - 1)
+        end = self._range_end(task, hi)
         # its request arrived before its first try, and was not tried in an earlier burst
         options = self._first_try.get(task, ((0, last, 0),))
         holds = self._holds.get(task)
