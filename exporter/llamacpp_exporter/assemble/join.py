@@ -564,6 +564,69 @@ def _claims_within(claims: tuple[tuple[int, int], ...], first: int, end: int) ->
     return claims[bisect.bisect_left(claims, (first, -(1 << 62))) : bisect.bisect_right(claims, (end, 1 << 62))]
 
 
+# bisect on the plain number lists of the looks, written out: compiled (mypyc), a step is a few
+# machine instructions, where the bisect module's call alone costs hundreds (its arguments
+# parsed, each comparison a rich comparison of int objects). The same answers as bisect's
+# (tests/test_join.py).
+def _left(a: list[int], x: int, lo: int = 0, hi: int = -1) -> int:
+    """bisect.bisect_left(a, x, lo, hi); hi -1: len(a)."""
+    if hi < 0:
+        hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _right(a: list[int], x: int, lo: int = 0, hi: int = -1) -> int:
+    """bisect.bisect_right(a, x, lo, hi); hi -1: len(a)."""
+    if hi < 0:
+        hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _min(a: int, b: int) -> int:
+    """min(a, b) of two numbers (compiled, builtins.min is a generic call)."""
+    return a if a <= b else b
+
+
+def _max(a: int, b: int) -> int:
+    return a if a >= b else b
+
+
+def _tuple_left(a: tuple[int, ...], x: int) -> int:
+    """bisect.bisect_left(a, x), of a tuple (typed apart: compiled, each its own native indexing)."""
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if a[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _tuple_right(a: tuple[int, ...], x: int) -> int:
+    """bisect.bisect_right(a, x), of a tuple."""
+    lo, hi = 0, len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if x < a[mid]:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _same(a: list[set[str] | None], b: list[set[str] | None]) -> bool:
     """The very same sets (or None), one for one."""
     return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
@@ -588,12 +651,12 @@ class _ClusterBounds:
 
     def claims_in(self, first: int, end: int) -> tuple[tuple[int, int], ...]:
         """The claims on the arrivals at positions first..end."""
-        return tuple(self.claims[bisect.bisect_left(self.positions, first) : bisect.bisect_right(self.positions, end)])
+        return tuple(self.claims[_left(self.positions, first) : _right(self.positions, end)])
 
     def around(self, task: int) -> tuple[int, int]:
         return (
-            self.below[bisect.bisect_left(self.tasks, task)],
-            self.above[bisect.bisect_right(self.tasks, task)],
+            self.below[_left(self.tasks, task)],
+            self.above[_right(self.tasks, task)],
         )
 
 
@@ -1294,7 +1357,7 @@ class HeaderJoin:
             self._stale, self._all_stale = set(), False
             raw = self._raw_cands
             for task in todo:
-                j = bisect.bisect_left(ids, task)
+                j = _left(ids, task)
                 free = self._candidates(task, j, j + suffix_min[j], bounds)
                 if free is None:  # more tasks than requests: something the join cannot see
                     self._settle(task, (UNCERTAIN, ""))
@@ -1374,7 +1437,7 @@ class HeaderJoin:
         moved: set[int] = set()
         for task in open_ids:
             look = looks.get(task)
-            if look is None or bisect.bisect_left(at, look.first) != bisect.bisect_right(at, look.end):
+            if look is None or _left(at, look.first) != _right(at, look.end):
                 moved.add(task)  # a new claim within its range (or no look yet)
         tasks, below, above = old.tasks, old.below, old.above
         for q, t in added:
@@ -1395,8 +1458,8 @@ class HeaderJoin:
         """Where the task's range of positions ends for an upper rank bound hi (_candidates):
         at the end of hi's cluster, not past its last possible position."""
         last = self._last_owner[task]
-        end = min(hi, last)
-        return min(last, bisect.bisect_right(self._clusters, self._clusters[end], end) - 1)
+        end = _min(hi, last)
+        return _min(last, _right(self._clusters, self._clusters[end], end) - 1)
 
     def _lower_suffix(self, i: int, term: int) -> None:
         """ids[i]'s rank bound term fell to ``term``: the suffix minima from i down that it lowers,
@@ -1470,8 +1533,8 @@ class HeaderJoin:
             for task in sorted(self._unresolved):
                 holds = self._holds.get(task)
                 launched = self._launched_us.get(task, self._now_us)
-                lo = bisect.bisect_left(times, holds.after_us) if holds is not None else 0
-                hi = bisect.bisect_right(times, launched)
+                lo = _left(times, holds.after_us) if holds is not None else 0
+                hi = _right(times, launched)
                 done = final or self._now_us - launched > OPEN_FOR_US
                 if hi - lo > MAX_BY_TIME:  # too many to tell apart: any name (for its chain too)
                     if self._open_cands.pop(task, None) is not None:
@@ -1663,7 +1726,7 @@ class HeaderJoin:
         arrivals = self._arrivals
         # whole clusters: from the first of lo's to the last of end's, not past `last`
         clusters = self._clusters
-        first = bisect.bisect_left(clusters, clusters[lo], 0, lo) if lo > 0 else 0
+        first = _left(clusters, clusters[lo], 0, lo) if lo > 0 else 0
         end = self._range_end(task, hi)
         # its request arrived before its first try, and was not tried in an earlier burst
         options = self._first_try.get(task, ((0, last, 0),))
@@ -1684,7 +1747,7 @@ class HeaderJoin:
         # the names alone (each position's test depends on the task's bounds and that position)
         own = (lo_cluster, hi_cluster, options, after)
         claims = bounds.claims_in(first, end)
-        untried = min(self._untried_from, end + 1)
+        untried = _min(self._untried_from, end + 1)
         if untried <= end:  # tries marked later may change it
             self._reach_untried.add(task)
         else:
@@ -1699,21 +1762,21 @@ class HeaderJoin:
         else:
             # the positions that stayed in the range keep their test unless their claim or try
             # changed; a range that only shrank (ranks bounded by a new id) costs two bisections
-            lo_u, hi_u = min(look.untried, untried), max(look.untried, untried)
-            changed = set(range(max(lo_u, first), min(hi_u, end + 1)))
+            lo_u, hi_u = _min(look.untried, untried), _max(look.untried, untried)
+            changed = set(range(_max(lo_u, first), _min(hi_u, end + 1)))
             if look.claims != claims and _claims_within(look.claims, first, end) != claims:
                 # (a range that only shrank drops the claims outside it: those change nothing)
                 changed.update(k for k, _ in set(look.claims).symmetric_difference(claims) if first <= k <= end)
-            kept: Sequence[int] = look.pre[bisect.bisect_left(look.pre, first) : bisect.bisect_right(look.pre, end)]
+            kept: Sequence[int] = look.pre[_tuple_left(look.pre, first) : _tuple_right(look.pre, end)]
             if changed:
                 kept = [k for k in kept if k not in changed]
             todo = sorted(
-                changed.union(range(first, min(end + 1, look.first)), range(max(first, look.end + 1), end + 1))
+                changed.union(range(first, _min(end + 1, look.first)), range(_max(first, look.end + 1), end + 1))
             )
             added = [k for k in todo if self._may_be(k, task, own)]
             pre = tuple(sorted([*kept, *added])) if added else tuple(kept)
             if look.names_key == names_key:  # the kept positions keep their names' verdict too
-                was = look.free[bisect.bisect_left(look.free, first) : bisect.bisect_right(look.free, end)]
+                was = look.free[_tuple_left(look.free, first) : _tuple_right(look.free, end)]
                 still: Sequence[int] = [k for k in was if k not in changed] if changed else was
                 named = self._conversation_by(limits, holds) if added else None
                 if named is not None:
