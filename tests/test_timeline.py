@@ -143,3 +143,19 @@ def test_the_largest_overlapping_prefill_is_the_biggest_other_slot_prefill_in_th
     assert t.largest_overlapping(0, 210, 390) == 0  # nothing ran
     assert t.largest_overlapping(0, 300, 500) is None  # the running one's size is unknown
     assert t.largest_overlapping(1, 50, 180) == 300  # its own slot does not count
+
+
+def test_the_first_prefill_starting_at_a_time_is_found_as_bisect_finds_it() -> None:
+    """timeline._first_starting_at is bisect_left with the start as key, written out to be
+    compiled natively: random prefills in start order (repeats too), every time around them."""
+    import bisect
+    import random
+
+    from llamacpp_exporter.assemble.timeline import Prefill, _first_starting_at
+
+    rng = random.Random(3)
+    for _ in range(300):
+        starts = sorted(rng.randint(0, 40) for _ in range(rng.randint(0, 12)))
+        pf = [Prefill(s, None, i, None) for i, s in enumerate(starts)]
+        for at in range(-1, 43):
+            assert _first_starting_at(pf, at) == bisect.bisect_left(starts, at)

@@ -14,7 +14,6 @@ without it computed nothing. Below -lv 4 a prefill is taken from its launch, an 
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final, NamedTuple
@@ -45,8 +44,17 @@ class Prefill:
     begun: bool = True  # False: launched where "new prompt" is logged, and that line not read yet
 
 
-def _start(p: Prefill) -> int:
-    return p.start
+def _first_starting_at(pf: list[Prefill], at: int) -> int:
+    """bisect.bisect_left(pf, at, key=start) of prefills in the order they start, written out:
+    compiled, native steps instead of a module call with a key function called at each."""
+    lo, hi = 0, len(pf)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pf[mid].start < at:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class PrefillTimeline:
@@ -138,7 +146,7 @@ class PrefillTimeline:
                 continue
             # the first that starts at or after `end` (a slot's prefills start in order), and
             # one not begun before it (only the last can be)
-            i = bisect.bisect_left(pf, end, key=_start)
+            i = _first_starting_at(pf, end)
             while i > 0 and (pf[i - 1].start >= end or not pf[i - 1].begun):
                 i -= 1
             j = i
