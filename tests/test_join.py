@@ -575,21 +575,22 @@ def test_a_later_round_names_the_turns_before_it_as_late_proofs() -> None:
 
 def test_the_joins_own_bisections_answer_as_the_bisect_module() -> None:
     """join._left/_right (lists, with bounds) and _tuple_left/_tuple_right are written out to be
-    compiled natively; on random sorted lists with repeats, every value and bound, the same
-    positions as bisect's."""
+    compiled natively (join._STEPS, in either build); on random sorted lists with repeats, every
+    value and bound, the same positions as bisect's."""
     import bisect
     import random
 
     from llamacpp_exporter.assemble import join as j
 
+    left, right, tuple_left, tuple_right = j._STEPS  # the written-out ones (the interpreter calls bisect's)
     rng = random.Random(7)
     for _ in range(300):
         a = sorted(rng.randint(0, 30) for _ in range(rng.randint(0, 25)))
         for x in range(-2, 33):
-            assert j._tuple_left(tuple(a), x) == bisect.bisect_left(a, x)
-            assert j._tuple_right(tuple(a), x) == bisect.bisect_right(a, x)
+            assert tuple_left(tuple(a), x) == bisect.bisect_left(a, x)
+            assert tuple_right(tuple(a), x) == bisect.bisect_right(a, x)
             for lo in range(0, len(a) + 1):
                 for hi in range(lo, len(a) + 1):
-                    assert j._left(a, x, lo, hi) == bisect.bisect_left(a, x, lo, hi), (a, x, lo, hi)
-                    assert j._right(a, x, lo, hi) == bisect.bisect_right(a, x, lo, hi), (a, x, lo, hi)
-            assert j._left(a, x) == bisect.bisect_left(a, x) and j._right(a, x) == bisect.bisect_right(a, x)
+                    assert left(a, x, lo, hi) == bisect.bisect_left(a, x, lo, hi), (a, x, lo, hi)
+                    assert right(a, x, lo, hi) == bisect.bisect_right(a, x, lo, hi), (a, x, lo, hi)
+            assert left(a, x) == bisect.bisect_left(a, x) and right(a, x) == bisect.bisect_right(a, x)

@@ -564,10 +564,10 @@ def _claims_within(claims: tuple[tuple[int, int], ...], first: int, end: int) ->
     return claims[bisect.bisect_left(claims, (first, -(1 << 62))) : bisect.bisect_right(claims, (end, 1 << 62))]
 
 
-# bisect on the plain number lists of the looks, written out: compiled (mypyc), a step is a few
-# machine instructions, where the bisect module's call alone costs hundreds (its arguments
-# parsed, each comparison a rich comparison of int objects). The same answers as bisect's
-# (tests/test_join.py).
+# bisect on the plain number lists of the looks, written out where compiled (mypyc): a step is a
+# few machine instructions, where the bisect module's call alone costs hundreds (its arguments
+# parsed, each comparison a rich comparison of int objects). In the interpreter, the module's.
+# The same answers as bisect's (tests/test_join.py).
 def _left(a: list[int], x: int, lo: int = 0, hi: int = -1) -> int:
     """bisect.bisect_left(a, x, lo, hi); hi -1: len(a)."""
     if hi < 0:
@@ -625,6 +625,13 @@ def _tuple_right(a: tuple[int, ...], x: int) -> int:
         else:
             lo = mid + 1
     return lo
+
+
+# the written-out steps, whichever this build calls: what tests/test_join.py holds to bisect
+_STEPS: Final = (_left, _right, _tuple_left, _tuple_right)
+if not __file__.endswith(".so"):  # the interpreter: the bisect module's C beats these steps
+    _left, _right = bisect.bisect_left, bisect.bisect_right
+    _tuple_left, _tuple_right = bisect.bisect_left, bisect.bisect_right
 
 
 def _same(a: list[set[str] | None], b: list[set[str] | None]) -> bool:
