@@ -203,3 +203,20 @@ def test_the_readme_metrics_table_is_what_the_exporter_exports(tmp_path: Path) -
             listed.add(name)
     assert not wrong, wrong
     assert set(families) - listed == set(), "exported, not in the README's table"
+
+
+def test_a_histograms_bucket_is_the_one_bisect_finds() -> None:
+    """families._first_at_least, written out for the compiled build, against the bisect module
+    on real bucket bounds, each bound itself, values between and beyond them."""
+    import bisect
+    import math
+
+    from llamacpp_exporter.export import families
+
+    for buckets in ((0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0), (1.0,), (16, 64, 256, 1024, 4096, 16384)):
+        bounds = [float(b) for b in buckets] + [math.inf]
+        values = (
+            [-math.inf, -1.0, 0.0, math.inf] + bounds + [b * f for b in bounds[:-1] for f in (0.5, 0.999, 1.001, 2)]
+        )
+        for v in values:
+            assert families._first_at_least(bounds, v) == bisect.bisect_left(bounds, v), (buckets, v)

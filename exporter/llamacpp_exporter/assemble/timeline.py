@@ -15,7 +15,6 @@ without it computed nothing. Below -lv 4 a prefill is taken from its launch, an 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final, NamedTuple
 
 MAX_PREFILL_HISTORY: Final = 32  # per slot: decodes never last longer than the last few prefills
@@ -33,15 +32,29 @@ class Overlap(NamedTuple):
     hi: int
 
 
-@dataclass(slots=True)
 class Prefill:
-    start: int
-    end: int | None  # None: running
-    task: int
-    launched: int | None  # its task's launch (the record's start_us); None where not seen
-    exact: bool = False  # fixed by the server's own timings (or the release)
-    tokens: int | None = None  # prompt tokens it computed (the server's timings), when known
-    begun: bool = True  # False: launched where "new prompt" is logged, and that line not read yet
+    """One prefill of a slot. A plain class: one is made at each task, and compiled (mypyc) a
+    dataclass's ``__init__`` runs in the interpreter."""
+
+    __slots__ = ("start", "end", "task", "launched", "exact", "tokens", "begun")
+
+    def __init__(
+        self,
+        start: int,
+        end: int | None,  # None: running
+        task: int,
+        launched: int | None,  # its task's launch (the record's start_us); None where not seen
+        exact: bool = False,  # fixed by the server's own timings (or the release)
+        tokens: int | None = None,  # prompt tokens it computed (the server's timings), when known
+        begun: bool = True,  # False: launched where "new prompt" is logged, and that line not read yet
+    ) -> None:
+        self.start = start
+        self.end = end
+        self.task = task
+        self.launched = launched
+        self.exact = exact
+        self.tokens = tokens
+        self.begun = begun
 
 
 def _first_starting_at(pf: list[Prefill], at: int) -> int:
