@@ -41,7 +41,9 @@ def test_clients_with_ids_that_give_up_while_queued_are_named(parts: tuple[Path,
                 tmp_path / "exporter",
             ).start()
             exp.wait_following()
-            truths, gave_up = impatient_ids_workload(srv.url)
+            # 4 turns each, the impatient clients closer together: those that wait for their answer
+            # hold the next one back (30 s each when starved), and at least three must come among the chats
+            truths, gave_up = impatient_ids_workload(srv.url, turns=4, apart=(2.0, 4.0))
             (tmp_path / "truth.jsonl").write_text("".join(json.dumps(t.__dict__) + "\n" for t in truths))
             wait_records(events, len(truths), timeout=90)
             server_log = srv.log_path.read_text(errors="replace")

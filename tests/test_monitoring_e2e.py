@@ -159,12 +159,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     model, lora = model_files()
     receiver = Receiver()
     am, am_port = start_alertmanager(work / "alertmanager", receiver.url)
-    one = LlamaServer(binary, model, lora, work / "one", n_parallel=1, ctx=4096, cache_ram=256).start()
-    two = LlamaServer(binary, model, lora, work / "two", n_parallel=2).start()
+    # a thread each: four servers on a machine of two cores, none waiting on a thread of its own
+    # that the others keep off the CPU
+    one = LlamaServer(binary, model, lora, work / "one", n_parallel=1, ctx=4096, cache_ram=256, threads=1).start()
+    two = LlamaServer(binary, model, lora, work / "two", n_parallel=2, threads=1).start()
     # one slot each: three conversations taking turns in a cache that holds two of them
     # (thrashing), and one conversation between one-shots in a cache that is full but keeps it
-    thrash = LlamaServer(binary, model, lora, work / "thrash", n_parallel=1, ctx=4096, cache_ram=90).start()
-    fits = LlamaServer(binary, model, lora, work / "fits", n_parallel=1, ctx=4096, cache_ram=160).start()
+    thrash = LlamaServer(binary, model, lora, work / "thrash", n_parallel=1, ctx=4096, cache_ram=90, threads=1).start()
+    fits = LlamaServer(binary, model, lora, work / "fits", n_parallel=1, ctx=4096, cache_ram=160, threads=1).start()
     servers = (one, two, thrash, fits)
     exporters = [
         ExporterProcess(

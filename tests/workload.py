@@ -384,12 +384,18 @@ def rewritten_history(
 
 
 def impatient_ids_workload(
-    url: str, seed: int = 7373, n_convs: int = 6, turns: int = 5, impatient: int = 12
+    url: str,
+    seed: int = 7373,
+    n_convs: int = 6,
+    turns: int = 5,
+    impatient: int = 12,
+    apart: tuple[float, float] = (3.0, 6.0),
 ) -> tuple[list[Truth], int]:
     """Issue 18's multi-user server: six chat conversations that send X-Conversation-Id (the
     adapter on every other one, two with a long system prompt), and, beside them, short chat
     requests from other clients that also send an id (`impatient-N`), two thirds of which give
-    up after 0.3 s or 1 s if no answer came (while queued, as a rule). Returns the completed requests' ground
+    up after 0.3 s or 1 s if no answer came (while queued, as a rule), `apart` seconds after the
+    previous one's end (uniform). Returns the completed requests' ground
     truth (the chats' and the impatient ones answered in time) and how many gave up."""
     results: list[Truth] = []
     lock = threading.Lock()
@@ -420,7 +426,7 @@ def impatient_ids_workload(
     def impatient_clients() -> None:
         rng = random.Random(f"{seed}-impatient")
         for n in range(impatient):
-            if done.wait(rng.uniform(3.0, 6.0)):
+            if done.wait(rng.uniform(*apart)):
                 return
             name = f"impatient-{seed}-{n}"
             body = {"messages": [{"role": "user", "content": text(rng, 30)}], "max_tokens": 8, "temperature": 0}
