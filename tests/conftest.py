@@ -29,15 +29,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "real_server: runs a real llama-server (built and cached by the test set-up)")
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    if any(item.get_closest_marker(t) for t in TIERS):
-        # one after another, on one worker (tests/run.sh: pytest -n 2 --dist loadgroup): the
-        # servers, busy loops and timings of one test are not shared with another's; the fast
-        # tier, pure, runs beside them on the other worker. Here, not below: pytest-xdist reads
-        # the groups when the items are modified. test_tiers.py holds it.
-        item.add_marker(pytest.mark.xdist_group("processes"))
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if not any(item.get_closest_marker(t) for t in TIERS):

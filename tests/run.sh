@@ -5,5 +5,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tests/setup/setup.sh"
 cd "$ROOT"
-# two workers: the tests that start processes one after another on one (conftest.py), the fast tier on the other
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup "$@"
+exec .venv/bin/python -m pytest "$@"
